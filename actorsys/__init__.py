@@ -1,0 +1,55 @@
+"""actorsys: non-blocking, supervised evaluation for RL and LLM post-training, on trio."""
+
+from actorsys._errors import (
+    ActorsysError,
+    ConfigError,
+    DuplicateStepError,
+    SubmitError,
+    SupervisorClosedError,
+    SupervisorGaveUpError,
+)
+from actorsys.config import EvalConfig
+from actorsys.contracts import (
+    BaseRolloutFn,
+    CheckpointEvalFn,
+    EvalSkip,
+    RolloutFnConstructorInput,
+    RolloutFnEvalInput,
+    RolloutFnEvalOutput,
+    RolloutFnTrainInput,
+    RolloutFnTrainOutput,
+)
+from actorsys.fleet import Engine, EngineUnhealthyError, Fleet, PinError, PinViolationError
+from actorsys.outcome import CloseReport, DrainReport, Outcome, SupervisorStatistics
+from actorsys.sinks import JsonlSink, MemorySink
+from actorsys.supervisor import EvalSupervisor
+
+__all__ = [
+    "ActorsysError",
+    "BaseRolloutFn",
+    "CheckpointEvalFn",
+    "CloseReport",
+    "ConfigError",
+    "DrainReport",
+    "DuplicateStepError",
+    "Engine",
+    "EngineUnhealthyError",
+    "EvalConfig",
+    "EvalSkip",
+    "EvalSupervisor",
+    "Fleet",
+    "JsonlSink",
+    "MemorySink",
+    "Outcome",
+    "PinError",
+    "PinViolationError",
+    "RolloutFnConstructorInput",
+    "RolloutFnEvalInput",
+    "RolloutFnEvalOutput",
+    "RolloutFnTrainInput",
+    "RolloutFnTrainOutput",
+    "SubmitError",
+    "SupervisorClosedError",
+    "SupervisorGaveUpError",
+    "SupervisorStatistics",
+]

@@ -1,0 +1,20 @@
+"""``python -m actorsys``: the command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="actorsys", description=__doc__)
+    parser.add_subparsers(dest="command", metavar="COMMAND")
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""EvalConfig: everything the supervisor needs to know, validated when it is built.
+
+Example::
+
+    config = EvalConfig(hf_dir="/dev/shm/eval", max_in_flight=2, overflow="latest",
+                        eval_timeout=900)
+    # reuse the HF checkpoints the trainer saves anyway, no export:
+    config = EvalConfig(save_hf="/ckpt/hf/{step}")
+
+A bad value raises :class:`actorsys.ConfigError` (a ``ValueError``) naming the field and what
+it accepts.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Literal
+
+from actorsys._errors import ConfigError
+
+Overflow = Literal["backpressure", "skip", "latest"]
+OVERFLOW_POLICIES: tuple[Overflow, ...] = ("backpressure", "skip", "latest")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalConfig:
+    """How evaluation points are staged, admitted, bounded and supervised.
+
+    - ``hf_dir``: staging directory for fresh exports, one ``step_<N>`` per point.
+    - ``save_hf``: pattern of checkpoints the trainer saves anyway, e.g. ``"/ckpt/hf/{step}"``
+      (reuse mode: ``submit(step)`` with no source evaluates that checkpoint, no export).
+    - ``base_checkpoint``: HF dir whose non-weight files (config, tokenizer, generation config)
+      are copied into every export.
+    - ``max_in_flight``: points admitted and not yet settled, and so weight copies alive.
+    - ``overflow``: what ``submit`` does when ``max_in_flight`` points are in flight:
+      ``"backpressure"`` waits for a slot, ``"skip"`` settles the new point ``busy`` before any
+      export, ``"latest"`` supersedes queued points that are not yet pinned.
+    - ``keep_snapshots``: how many of our own evaluated exports stay on disk (a ring).
+    - ``export_timeout`` / ``pin_timeout`` / ``eval_timeout``: per-stage deadlines in seconds
+      (``None``: unbounded). ``pin_retries``: re-loads after a version mismatch.
+    - ``close_timeout``: default budget of ``drain``-then-cancel at close.
+    - ``max_restarts`` within ``restart_period`` seconds: actor crashes tolerated before the
+      supervisor gives up.
+    - ``max_shard_size``: bytes per safetensors shard of an export.
+    """
+
+    hf_dir: str | os.PathLike[str] | None = None
+    save_hf: str | None = None
+    base_checkpoint: str | os.PathLike[str] | None = None
+    max_in_flight: int = 2
+    overflow: Overflow = "backpressure"
+    keep_snapshots: int = 2
+    export_timeout: float | None = None
+    pin_timeout: float = 600.0
+    pin_retries: int = 2
+    eval_timeout: float | None = None
+    close_timeout: float = 30.0
+    max_restarts: int = 3
+    restart_period: float = 60.0
+    max_shard_size: int = 5 * 1000**3
+
+    def __post_init__(self) -> None:
+        for name in ("hf_dir", "base_checkpoint"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str | os.PathLike):
+                raise ConfigError(name, f"expected a path (str or os.PathLike) or None, got {value!r}")
+        if self.save_hf is not None and (
+            not isinstance(self.save_hf, str) or "{step}" not in self.save_hf
+        ):
+            raise ConfigError(
+                "save_hf", f"expected a path pattern containing '{{step}}', got {self.save_hf!r}"
+            )
+        if self.overflow not in OVERFLOW_POLICIES:
+            raise ConfigError(
+                "overflow", f"expected one of {', '.join(OVERFLOW_POLICIES)}, got {self.overflow!r}"
+            )
+        _require_int("max_in_flight", self.max_in_flight, minimum=1)
+        _require_int("keep_snapshots", self.keep_snapshots, minimum=0)
+        _require_int("pin_retries", self.pin_retries, minimum=0)
+        _require_int("max_restarts", self.max_restarts, minimum=0)
+        _require_int("max_shard_size", self.max_shard_size, minimum=1)
+        for name in ("export_timeout", "eval_timeout"):
+            _require_seconds(name, getattr(self, name), optional=True)
+        for name in ("pin_timeout", "close_timeout", "restart_period"):
+            _require_seconds(name, getattr(self, name), optional=False)
+
+    @property
+    def staging_dir(self) -> str | None:
+        """``hf_dir`` as a plain string, or None."""
+        return None if self.hf_dir is None else os.fspath(self.hf_dir)
+
+    def reuse_path(self, step: int) -> str | None:
+        """Where the trainer saved the checkpoint of ``step`` (reuse mode), or None."""
+        return None if self.save_hf is None else self.save_hf.format(step=step)
+
+
+def _require_int(name: str, value: object, *, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(name, f"expected an integer >= {minimum}, got {value!r}")
+
+
+def _require_seconds(name: str, value: object, *, optional: bool) -> None:
+    if value is None and optional:
+        return
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        allowed = "a number of seconds > 0" + (" or None" if optional else "")
+        raise ConfigError(name, f"expected {allowed}, got {value!r}")

@@ -1,0 +1,131 @@
+"""The rollout-function contracts shared with the miles / slime / vime ecosystem.
+
+An evaluation is a :class:`CheckpointEvalFn`: the supervisor calls
+``evaluate_checkpoint(checkpoint_dir, input)`` once per point, with the engines of the fleet
+already pinned to that checkpoint. Raise :class:`EvalSkip` to skip the point with a reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+Runtime = Literal["trio", "asyncio", "thread"]
+RUNTIMES: tuple[Runtime, ...] = ("trio", "asyncio", "thread")
+
+
+class EvalSkip(Exception):  # noqa: N818 - the name is part of the public contract
+    """Raised by an eval fn to skip a point; the outcome is ``skipped`` with ``reason``."""
+
+    def __init__(self, reason: str, detail: str | None = None) -> None:
+        if not reason or not isinstance(reason, str):
+            raise ValueError("EvalSkip(reason): reason must be a non-empty string")
+        super().__init__(reason if detail is None else f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class RolloutFnConstructorInput:
+    """What a rollout fn is built from: the launch arguments and its data source."""
+
+    args: Any = None
+    data_source: Any = None
+
+
+@dataclass(frozen=True)
+class RolloutFnBaseInput:
+    rollout_id: int
+
+    @property
+    def evaluation(self) -> bool:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class RolloutFnTrainInput(RolloutFnBaseInput):
+    @property
+    def evaluation(self) -> bool:
+        return False
+
+
+@dataclass(frozen=True)
+class RolloutFnEvalInput(RolloutFnBaseInput):
+    """One evaluation point.
+
+    ``rollout_id`` is the training step the weights come from, ``weight_version`` the version
+    label every engine of ``fleet`` was pinned to (``str(step)``), ``hf_dir`` the checkpoint.
+    """
+
+    weight_version: str | None = None
+    hf_dir: str | None = None
+    fleet: Any = None
+
+    @property
+    def evaluation(self) -> bool:
+        return True
+
+
+@dataclass(frozen=True)
+class RolloutFnTrainOutput:
+    samples: Any
+    metrics: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class RolloutFnEvalOutput:
+    """What an evaluation returns: ``data`` (free-form, per dataset) and scalar ``metrics``."""
+
+    data: Any = field(default_factory=dict)
+    metrics: dict[str, float] | None = None
+
+
+class BaseRolloutFn:
+    """A rollout function: ``fn(input)`` produces samples (train) or scores (eval).
+
+    ``save`` and ``load`` persist the function's own state at a rollout id; the defaults keep
+    none.
+    """
+
+    def __init__(self, input: RolloutFnConstructorInput | None = None) -> None:  # noqa: A002
+        self.constructor_input = input
+
+    def __call__(self, input: RolloutFnBaseInput) -> Any:  # noqa: A002
+        raise NotImplementedError(f"{type(self).__name__} does not implement __call__")
+
+    def save(self, rollout_id: int) -> None:
+        """Persist state belonging to ``rollout_id``. The default keeps nothing."""
+
+    def load(self, rollout_id: int) -> None:
+        """Restore state saved at ``rollout_id``. The default restores nothing."""
+
+
+class CheckpointEvalFn(BaseRolloutFn):
+    """An evaluation of one checkpoint directory; subclass it and implement
+    ``evaluate_checkpoint``.
+
+    ``runtime`` says how the supervisor runs it:
+
+    - ``"trio"`` (default): ``async def evaluate_checkpoint``, awaited in the supervisor's trio
+      tasks and cancelled by its cancel scopes (``eval_timeout``, close).
+    - ``"asyncio"``: ``async def``, run on a private asyncio loop in a dedicated thread (the
+      host's asyncio is never touched); cancellation cancels the asyncio task.
+    - ``"thread"``: a plain ``def``, run in a worker thread. A thread cannot be interrupted:
+      on timeout or close it is abandoned (reported in ``CloseReport.stuck_threads``).
+
+    Subclasses may define ``__init__`` freely: the supervisor relies on no attribute the base
+    ``__init__`` sets.
+    """
+
+    runtime: ClassVar[Runtime] = "trio"
+
+    def evaluate_checkpoint(self, checkpoint_dir: str, input: RolloutFnEvalInput) -> Any:  # noqa: A002
+        raise NotImplementedError(f"{type(self).__name__} does not implement evaluate_checkpoint")
+
+    def __call__(self, input: RolloutFnBaseInput) -> Any:  # noqa: A002
+        if not isinstance(input, RolloutFnEvalInput) or input.hf_dir is None:
+            raise TypeError("a CheckpointEvalFn is called with a RolloutFnEvalInput that has hf_dir")
+        return self.evaluate_checkpoint(input.hf_dir, input)
+
+    def dispose(self) -> None:
+        """Release what the eval fn holds (clients, engines). Called once, at close."""

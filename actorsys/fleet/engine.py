@@ -1,0 +1,147 @@
+"""The Engine protocol and Fleet: a set of inference engines pinned together to one version.
+
+Pinning is the heart of trusting a score: a fleet is pinned to ``version`` only when every
+engine was healthy, loaded the checkpoint, and *reads back* that version. An engine that says
+"success" while keeping its old weights is caught by the read-back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol, TypeVar, runtime_checkable
+
+import httpx
+import trio
+
+from actorsys._errors import ActorsysError
+
+T = TypeVar("T")
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """One inference engine (a vLLM or sglang server, a Ray actor, the embedded engine).
+
+    Every method may raise; the fleet turns that into a skip reason. None of them take a
+    timeout: the caller's cancel scope bounds them, and cancelling must not leave the engine
+    half-updated in a way a later ``load_weights`` cannot repair.
+    """
+
+    name: str
+
+    async def health(self) -> None:
+        """Return if the engine can serve; raise if not."""
+
+    async def load_weights(self, path: str, version: str) -> None:
+        """Load the checkpoint at ``path`` and label the loaded weights ``version``."""
+
+    async def weight_version(self) -> str | None:
+        """The version label of the weights the engine serves now."""
+
+
+class PinError(ActorsysError):
+    """A pin failed. ``reason`` is the skip reason; ``engine`` the engine that failed it."""
+
+    reason = "unhealthy"
+
+    def __init__(self, engine: str, message: str) -> None:
+        super().__init__(f"engine {engine!r}: {message}")
+        self.engine = engine
+
+
+class EngineUnhealthyError(PinError):
+    """An engine failed its health check, refused the load, or could not report its version."""
+
+    reason = "unhealthy"
+
+
+class PinViolationError(PinError):
+    """An engine kept reporting a version other than the one it was asked to load."""
+
+    reason = "pin_violation"
+
+    def __init__(self, engine: str, expected: str, actual: str | None) -> None:
+        super().__init__(engine, f"serves version {actual!r} after loading {expected!r}")
+        self.expected = expected
+        self.actual = actual
+
+
+class Fleet:
+    """Engines that serve one model together, optionally behind a router at ``router_url``.
+
+    A fleet is a leased resource: the supervisor never pins it while an evaluation runs on it.
+    """
+
+    def __init__(self, engines: Sequence[Engine], *, router_url: str | None = None) -> None:
+        engines = list(engines)
+        if not engines:
+            raise ValueError("Fleet(engines): at least one engine is required")
+        for engine in engines:
+            if not isinstance(engine, Engine):
+                raise TypeError(
+                    f"Fleet(engines): {engine!r} is not an Engine "
+                    "(needs name, health, load_weights, weight_version)"
+                )
+        names = [engine.name for engine in engines]
+        if len(set(names)) != len(names):
+            raise ValueError(f"Fleet(engines): engine names must be unique, got {names}")
+        self.engines = engines
+        self.router_url = router_url.rstrip("/") if router_url else None
+        self.version: str | None = None
+
+    def __repr__(self) -> str:
+        return f"Fleet({[e.name for e in self.engines]}, router_url={self.router_url!r})"
+
+    async def pin(self, path: str, version: str, *, retries: int = 0) -> None:
+        """Pin every engine to the checkpoint at ``path``, labelled ``version``.
+
+        Health-checks all engines, loads on all concurrently, then reads the version back from
+        every engine; a mismatch is re-loaded up to ``retries`` times. Raises
+        :class:`EngineUnhealthyError` or :class:`PinViolationError`. Blocks on the engines; the
+        caller's cancel scope bounds it (``pin_timeout``).
+        """
+        self.version = None
+        await self._on_all(lambda engine: engine.health(), "failed its health check")
+        for attempt in range(retries + 1):
+            await self._on_all(
+                lambda engine: engine.load_weights(path, version), "refused the load"
+            )
+            served = await self._on_all(
+                lambda engine: engine.weight_version(), "could not report its weight version"
+            )
+            wrong = [(e, v) for e, v in zip(self.engines, served, strict=True) if v != version]
+            if not wrong:
+                break
+            if attempt == retries:
+                engine, actual = wrong[0]
+                raise PinViolationError(engine.name, version, actual)
+        if self.router_url is not None:
+            await self._probe_router()
+        self.version = version
+
+    async def _on_all(self, call: Callable[[Engine], Awaitable[T]], failure: str) -> list[T]:
+        results: dict[int, T] = {}
+        errors: list[tuple[Engine, Exception]] = []
+
+        async def one(index: int, engine: Engine) -> None:
+            try:
+                results[index] = await call(engine)
+            except Exception as exc:
+                errors.append((engine, exc))
+
+        async with trio.open_nursery() as nursery:
+            for index, engine in enumerate(self.engines):
+                nursery.start_soon(one, index, engine)
+        if errors:
+            engine, exc = errors[0]
+            raise EngineUnhealthyError(engine.name, f"{failure}: {exc!r}") from exc
+        return [results[index] for index in range(len(self.engines))]
+
+    async def _probe_router(self) -> None:
+        assert self.router_url is not None
+        try:
+            async with httpx.AsyncClient(timeout=10.0) as client:
+                response = await client.get(f"{self.router_url}/health")
+                response.raise_for_status()
+        except httpx.HTTPError as exc:
+            raise EngineUnhealthyError("router", f"{self.router_url} is not serving: {exc!r}") from exc

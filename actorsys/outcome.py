@@ -1,0 +1,81 @@
+"""What a point settles as, and the reports of drain and close."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Status = Literal["ok", "skipped"]
+
+SKIP_REASONS: tuple[str, ...] = (
+    "busy",
+    "superseded",
+    "disk_budget",
+    "export_failed",
+    "export_timeout",
+    "ckpt_missing",
+    "unhealthy",
+    "pin_violation",
+    "pin_timeout",
+    "timeout",
+    "crashed",
+    "closed",
+)
+"""The reasons actorsys itself gives; an eval fn may add its own through ``EvalSkip``."""
+
+LAG_STEPS = "eval/lag_steps"
+DURATION_SECONDS = "eval/duration_seconds"
+EXPORT_TIME_SECONDS = "eval/export_time_seconds"
+PIN_TIME_SECONDS = "eval/pin_time_seconds"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one submitted point settled. Every point settles exactly once.
+
+    ``status`` is ``"ok"`` or ``"skipped"`` (then ``reason`` says why; ``data["error"]`` holds
+    the error text where there was one). ``weight_version`` is the version the fleet was pinned
+    to when the score was taken; ``snapshot`` the checkpoint directory evaluated.
+    """
+
+    step: int
+    status: Status
+    reason: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    data: Any = None
+    weight_version: str | None = None
+    snapshot: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+@dataclass(frozen=True)
+class DrainReport:
+    """``settled``: the steps in flight at the call that settled before it returned;
+    ``pending``: those still in flight when its budget ran out."""
+
+    settled: list[int]
+    pending: list[int]
+
+
+@dataclass(frozen=True)
+class CloseReport:
+    """``clean``: nothing was cut off and no thread was left behind. ``abandoned``: steps that
+    settled ``closed``. ``stuck_threads``: worker threads still running when close returned."""
+
+    clean: bool
+    abandoned: list[int]
+    stuck_threads: list[str]
+
+
+@dataclass(frozen=True)
+class SupervisorStatistics:
+    in_flight: int
+    settled: int
+    ok: int
+    skipped_by_reason: dict[str, int]
+    restarts: int
+    gave_up: bool
+    closed: bool

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The test command: set up from scratch, then lint, type-check and run the test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+.venv/bin/ruff check actorsys bridge tests examples bench
+.venv/bin/mypy
+.venv/bin/pytest -q "$@"
