@@ -114,10 +114,11 @@ class EvalSupervisor:
         run left in ``hf_dir`` are removed.
         """
         sup = cls(config, eval_fn=eval_fn, fleet=fleet, sink=sink)
+        staging_dir = sup._prepare_staging()
         body_error: BaseException | None = None
         try:
             async with trio.open_nursery() as nursery:
-                await sup._start(nursery)
+                await sup._start(nursery, staging_dir)
                 try:
                     yield sup
                 except BaseException as exc:
@@ -132,12 +133,16 @@ class EvalSupervisor:
                 raise body_error from None
             raise
 
-    async def _start(self, nursery: trio.Nursery) -> None:
+    def _prepare_staging(self) -> str | None:
+        # Before any nursery opens, so a ConfigError reaches the caller as itself.
         staging_dir = self.config.staging_dir
         if staging_dir is not None:
             staging_dir = staging.prepare_staging_dir(staging_dir)
             for path in staging.sweep(staging_dir):
                 log.info("removed %s left by an earlier run", path)
+        return staging_dir
+
+    async def _start(self, nursery: trio.Nursery, staging_dir: str | None) -> None:
         pipeline = Pipeline(self.config, self.sink, self._fleets, staging_dir)
         invoker = EvalInvoker(self.eval_fn, pipeline)
         export_limiter = trio.CapacityLimiter(self.config.max_in_flight)
@@ -253,8 +258,14 @@ class EvalSupervisor:
         return Reservation(point, nbytes)
 
     def launch(self, reservation: Reservation, weights: CapturedWeights | None) -> bool:
-        """Start a reserved point down the pipeline with its copied ``weights``."""
-        pipeline = self._running_pipeline(allow_closing=True)
+        """Start a reserved point down the pipeline with its copied ``weights``.
+
+        If the supervisor closed or gave up since the reservation, the point settles
+        ``closed`` / ``crashed`` instead and this returns False.
+        """
+        pipeline = self._pipeline
+        if pipeline is None:
+            raise SupervisorClosedError("the supervisor is not running; use EvalSupervisor.open")
         self._reserved -= 1
         point = reservation.point
         if self._closing or self._gave_up is not None:
@@ -408,14 +419,16 @@ class EvalSupervisor:
             pending=[s for s in waiting if s not in pipeline.settled_steps],
         )
 
-    async def aclose(self, timeout: float | None = None) -> CloseReport:
+    async def aclose(self, timeout: float | None = None, *, drain: bool = True) -> CloseReport:
         """Stop admitting, drain within the budget, cut off the rest, stop the actors.
 
         Always returns within ``timeout`` seconds (default ``close_timeout``), also when an
         evaluation hangs in trio, in a thread or on an engine: points still in flight settle
         ``closed`` (listed in ``abandoned``) and their snapshots are retired; threads that
-        could not be stopped are listed in ``stuck_threads``. Shielded from outer
-        cancellation, so it runs to completion within its own budget. Idempotent.
+        could not be stopped are listed in ``stuck_threads``. With ``drain=False`` the points
+        in flight are cut off at once (for an interrupted host), and the budget only bounds
+        stopping the actors. Shielded from outer cancellation, so it runs to completion within
+        its own budget. Idempotent.
         """
         if self._closing:
             await self._close_done.wait()
@@ -425,19 +438,19 @@ class EvalSupervisor:
         budget = self.config.close_timeout if timeout is None else timeout
         with trio.CancelScope(shield=True):
             deadline = trio.current_time() + budget
-            report = await self._close(deadline, budget)
+            report = await self._close(deadline, budget, drain)
         self._close_report = report
         self._close_done.set()
         return report
 
-    async def _close(self, deadline: float, budget: float) -> CloseReport:
+    async def _close(self, deadline: float, budget: float, drain: bool) -> CloseReport:
         pipeline, actors = self._pipeline, self._actors
         if pipeline is None or actors is None:
             return CloseReport(clean=True, abandoned=[], stuck_threads=[])
         pipeline.wake()
         reserve = min(CLOSE_RESERVE_MAX, budget * CLOSE_RESERVE_FRACTION)
         with trio.move_on_at(deadline - reserve):
-            while pipeline.in_flight:
+            while drain and pipeline.in_flight:
                 await pipeline.wait_changed()
         abandoned = pipeline.settle_now("closed", "abandoned at close")
         with trio.move_on_at(deadline):

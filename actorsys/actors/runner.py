@@ -60,6 +60,10 @@ async def _evaluate(
     onward: trio.MemorySendChannel[Point],
     invoke: EvalInvoker,
 ) -> None:
+    if point.drop_reason is not None:
+        # Dropped between its hand-over and the start of this task: whoever dropped it has
+        # already sent it to settle.
+        return
     timeout = pipeline.config.eval_timeout
     with pipeline.hold(point, NAME):
         started = trio.current_time()

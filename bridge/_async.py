@@ -1,0 +1,185 @@
+"""AsyncEvalBridge: EvalSupervisor embedded in an asyncio trainer (``asyncio.run``, a Ray
+driver).
+
+Example::
+
+    async def main():
+        async with AsyncEvalBridge(config, eval_fn=MyEval()) as ev:
+            for step in range(steps):
+                await train_one_step(model)
+                if step % 100 == 0:
+                    await ev.submit(step, model=model)
+            await ev.drain(timeout=600)
+
+    asyncio.run(main())
+
+The supervisor runs on trio in a thread of its own, exactly as for :class:`~bridge.EvalBridge`:
+its deadlines (``eval_timeout``, ``pin_timeout``, close) keep firing while the host blocks its
+own loop (a sync ``ray.get``, a CUDA sync). The host's asyncio is left as it is: no policy,
+loop or signal handler is installed, and every wait is an ``asyncio.wrap_future`` of the trio
+side's answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import time
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any
+
+import torch
+
+from actorsys.config import EvalConfig
+from actorsys.outcome import CloseReport, DrainReport, SupervisorStatistics
+from actorsys.sinks import Sink
+from bridge._runtime import Runtime, copy_weights, drains_on_exit
+from bridge._sync import DEFAULT_HANDOFF_TIMEOUT, remaining
+
+
+def _consume(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+class AsyncEvalBridge:
+    """:class:`~bridge.EvalBridge` for an asyncio host: ``async with``, awaitable methods.
+
+    The methods take the same arguments and keep the same bounds. They must be called from
+    the loop that entered the bridge.
+    """
+
+    def __init__(
+        self,
+        config: EvalConfig,
+        *,
+        eval_fn: Any,
+        fleet: Any = None,
+        sink: Sink | None = None,
+        handoff_timeout: float = DEFAULT_HANDOFF_TIMEOUT,
+    ) -> None:
+        self._rt = Runtime(
+            config, eval_fn=eval_fn, fleet=fleet, sink=sink, handoff_timeout=handoff_timeout
+        )
+        self._finished: asyncio.Future[None] | None = None
+
+    @property
+    def config(self) -> EvalConfig:
+        return self._rt.config
+
+    @property
+    def sink(self) -> Sink:
+        """Where outcomes are recorded: the sink given, or a :class:`~actorsys.MemorySink`."""
+        return self._rt.sink
+
+    async def _wait(self, future: concurrent.futures.Future[Any], limit: float | None) -> None:
+        """Await ``future`` or the end of the trio thread, for at most ``limit`` seconds.
+
+        Blocks only the calling task. Cancelling it ends the wait and leaves ``future`` alone.
+        """
+        if self._finished is None:
+            self._finished = asyncio.wrap_future(self._rt.finished)
+            self._finished.add_done_callback(_consume)
+        answer = asyncio.wrap_future(future)
+        answer.add_done_callback(_consume)
+        await asyncio.wait(
+            [answer, self._finished], timeout=limit, return_when=asyncio.FIRST_COMPLETED
+        )
+
+    async def __aenter__(self) -> AsyncEvalBridge:
+        rt = self._rt
+        rt.start()
+        try:
+            await self._wait(rt.started, None)
+        except BaseException:
+            await self.close(drain=False)
+            raise
+        rt.started.result()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close(drain=drains_on_exit(exc))
+
+    async def submit(
+        self,
+        step: int,
+        *,
+        model: torch.nn.Module | None = None,
+        state_dict: Mapping[str, torch.Tensor] | None = None,
+        export: Any = None,
+        checkpoint_dir: str | os.PathLike[str] | None = None,
+        require_marker: bool | None = None,
+        force: bool = False,
+        timeout: float | None = None,  # noqa: ASYNC109 - a budget is the bridge's job
+    ) -> bool:
+        """As :meth:`bridge.EvalBridge.submit`. The wait for a slot suspends only this task;
+        the weight copy runs on the loop's thread and blocks it for the copy, so the trainer
+        may change the weights as soon as this returns."""
+        rt = self._rt
+        bound = rt.reserve_bound(timeout, force)
+        sources = {
+            "model": model, "state_dict": state_dict, "export": export,
+            "checkpoint_dir": checkpoint_dir, "require_marker": require_marker,
+        }
+        call = rt.post_reserve(step, sources, force)
+        try:
+            await self._wait(call.future, bound)
+        except BaseException:
+            rt.give_up(call)
+            raise
+        reservation = rt.take_reservation(call, bound)
+        if reservation is None:
+            return False
+        weights_source = model if model is not None else state_dict
+        try:
+            weights = None if weights_source is None else copy_weights(reservation, weights_source)
+        except BaseException:
+            rt.release(reservation)
+            raise
+        rt.launch(reservation, weights)
+        return True
+
+    def note_step(self, step: int) -> None:
+        """Tell the supervisor the trainer's current step. Never blocks."""
+        self._rt.note_step(step)
+
+    async def drain(self, timeout: float | None = None) -> DrainReport:  # noqa: ASYNC109
+        """As :meth:`bridge.EvalBridge.drain`; suspends only this task."""
+        rt = self._rt
+        waiting = rt.unsettled()
+        call = rt.post_drain(timeout)
+        await self._wait(call.future, timeout)
+        return rt.drain_report(call, waiting)
+
+    async def close(
+        self,
+        timeout: float | None = None,  # noqa: ASYNC109 - a budget is the bridge's job
+        *,
+        drain: bool = True,
+    ) -> CloseReport:
+        """As :meth:`bridge.EvalBridge.close`: returns within ``timeout`` seconds (default
+        ``config.close_timeout``), idempotent. Waiting for the trio thread to end suspends
+        only this task; cancelling it leaves the close going on in the background. Leaving
+        the ``async with`` block on cancellation (``asyncio.run`` on Ctrl-C) or on a
+        KeyboardInterrupt cuts the points in flight off at once (``drain=False``)."""
+        rt = self._rt
+        if rt.close_report is not None:
+            return rt.close_report
+        budget = rt.close_budget(timeout)
+        deadline = time.monotonic() + budget
+        call = rt.request_close(budget, drain)
+        await self._wait(call.future, remaining(deadline))
+        if rt.thread.ident is not None:
+            await self._wait(rt.finished, remaining(deadline))
+        return rt.finish_close()
+
+    def statistics(self) -> SupervisorStatistics:
+        """As :meth:`bridge.EvalBridge.statistics`. Never blocks."""
+        return self._rt.statistics()

@@ -1,0 +1,196 @@
+"""EvalBridge: EvalSupervisor embedded in a synchronous trainer.
+
+Example::
+
+    with EvalBridge(EvalConfig(hf_dir="/dev/shm/eval", overflow="skip"), eval_fn=MyEval()) as ev:
+        for step in range(steps):
+            train_one_step(model)
+            if step % 100 == 0:
+                ev.submit(step, model=model)   # one copy of the weights, then back to training
+        ev.drain(timeout=600)
+    # leaving the block closed it: bounded by close_timeout, whatever the evaluations do
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import time
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any
+
+import torch
+
+from actorsys.config import EvalConfig
+from actorsys.outcome import CloseReport, DrainReport, SupervisorStatistics
+from actorsys.sinks import Sink
+from bridge._runtime import Runtime, copy_weights, drains_on_exit
+
+DEFAULT_HANDOFF_TIMEOUT = 1.0
+
+
+def wait_any(
+    futures: list[concurrent.futures.Future[Any]], timeout: float | None
+) -> None:
+    """Block the calling thread until one of ``futures`` is done or ``timeout`` passes.
+
+    Interruptible: a KeyboardInterrupt in the main thread ends the wait.
+    """
+    concurrent.futures.wait(
+        futures, timeout=timeout, return_when=concurrent.futures.FIRST_COMPLETED
+    )
+
+
+def remaining(deadline: float) -> float:
+    return max(0.0, deadline - time.monotonic())
+
+
+class EvalBridge:
+    """An :class:`~actorsys.EvalSupervisor` on trio in a daemon thread, driven from plain
+    Python.
+
+    ``with EvalBridge(config, eval_fn=..., fleet=..., sink=...) as ev:`` starts the thread and
+    returns once the supervisor is up, or raises its start-up error (e.g.
+    :class:`~actorsys.ConfigError`). Leaving the block calls :meth:`close`.
+
+    Every method is safe to call from any host thread. None of them ever waits on the trio
+    thread beyond its own budget: a request is posted without blocking, and if no answer comes
+    in time the bridge answers from its own record. ``handoff_timeout`` bounds how long a
+    ``skip`` submit (which never waits for a slot) waits for an answer at all.
+    """
+
+    def __init__(
+        self,
+        config: EvalConfig,
+        *,
+        eval_fn: Any,
+        fleet: Any = None,
+        sink: Sink | None = None,
+        handoff_timeout: float = DEFAULT_HANDOFF_TIMEOUT,
+    ) -> None:
+        self._rt = Runtime(
+            config, eval_fn=eval_fn, fleet=fleet, sink=sink, handoff_timeout=handoff_timeout
+        )
+
+    @property
+    def config(self) -> EvalConfig:
+        return self._rt.config
+
+    @property
+    def sink(self) -> Sink:
+        """Where outcomes are recorded: the sink given, or a :class:`~actorsys.MemorySink`."""
+        return self._rt.sink
+
+    def __enter__(self) -> EvalBridge:
+        rt = self._rt
+        rt.start()
+        try:
+            wait_any([rt.started, rt.finished], None)
+        except BaseException:
+            self.close(drain=False)
+            raise
+        rt.started.result()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close(drain=drains_on_exit(exc))
+
+    def submit(
+        self,
+        step: int,
+        *,
+        model: torch.nn.Module | None = None,
+        state_dict: Mapping[str, torch.Tensor] | None = None,
+        export: Any = None,
+        checkpoint_dir: str | os.PathLike[str] | None = None,
+        require_marker: bool | None = None,
+        force: bool = False,
+        timeout: float | None = None,
+    ) -> bool:
+        """Hand the weights of ``step`` to the pipeline; True if admitted.
+
+        The arguments are those of :meth:`actorsys.EvalSupervisor.submit`. The weights are
+        copied in this thread, after a slot is reserved and before this returns, so the
+        trainer may change them right after. ``export`` runs in the supervisor's trio thread.
+
+        Blocks on the copy, and under ``overflow="backpressure"``/``"latest"`` (or
+        ``force=True``) while a slot is taken, for at most ``timeout`` seconds (None: until
+        one frees). A ``skip`` submit never waits for a slot; it waits at most
+        ``handoff_timeout`` for the trio thread to answer. Returns False when the point was
+        not admitted: it settled at once (``busy``, ``disk_budget``) or the wait ran out (then
+        nothing is recorded and the step may be submitted again). Raises what the supervisor
+        raises (:class:`~actorsys.SubmitError`, :class:`~actorsys.SupervisorClosedError`...).
+        An interrupt during the wait admits nothing.
+        """
+        rt = self._rt
+        bound = rt.reserve_bound(timeout, force)
+        sources = {
+            "model": model, "state_dict": state_dict, "export": export,
+            "checkpoint_dir": checkpoint_dir, "require_marker": require_marker,
+        }
+        call = rt.post_reserve(step, sources, force)
+        try:
+            wait_any([call.future, rt.finished], bound)
+        except BaseException:
+            rt.give_up(call)
+            raise
+        reservation = rt.take_reservation(call, bound)
+        if reservation is None:
+            return False
+        weights_source = model if model is not None else state_dict
+        try:
+            weights = None if weights_source is None else copy_weights(reservation, weights_source)
+        except BaseException:
+            rt.release(reservation)
+            raise
+        rt.launch(reservation, weights)
+        return True
+
+    def note_step(self, step: int) -> None:
+        """Tell the supervisor the trainer's current step (for ``eval/lag_steps``). Never blocks."""
+        self._rt.note_step(step)
+
+    def drain(self, timeout: float | None = None) -> DrainReport:
+        """Wait until the points in flight now have settled, for at most ``timeout`` seconds
+        (None: no bound). Never raises on timeout: the report says what is still pending."""
+        rt = self._rt
+        waiting = rt.unsettled()
+        call = rt.post_drain(timeout)
+        wait_any([call.future, rt.finished], timeout)
+        return rt.drain_report(call, waiting)
+
+    def close(self, timeout: float | None = None, *, drain: bool = True) -> CloseReport:
+        """Stop admitting, let the points in flight finish (``drain``), cut off the rest, and
+        stop the trio thread.
+
+        Returns within ``timeout`` seconds (default ``config.close_timeout``) whatever the
+        evaluations or the trio thread do: the supervisor closes within that budget, and the
+        host joins the thread for what is left of it. Points cut off are in ``abandoned``;
+        threads still running (the trio thread among them, if it is stuck) in
+        ``stuck_threads``. ``drain=False`` cuts the points in flight off at once; leaving the
+        ``with`` block does that when a KeyboardInterrupt or SystemExit propagates.
+
+        Idempotent (later calls return the first report); safe in a ``finally`` while a
+        KeyboardInterrupt propagates. Another interrupt during the wait ends the wait; the
+        close goes on in the background.
+        """
+        rt = self._rt
+        if rt.close_report is not None:
+            return rt.close_report
+        budget = rt.close_budget(timeout)
+        deadline = time.monotonic() + budget
+        call = rt.request_close(budget, drain)
+        wait_any([call.future, rt.finished], remaining(deadline))
+        if rt.thread.ident is not None:
+            rt.thread.join(remaining(deadline))
+        return rt.finish_close()
+
+    def statistics(self) -> SupervisorStatistics:
+        """In flight, settled, skipped by reason, restarts, as last published. Never blocks."""
+        return self._rt.statistics()
