@@ -6,6 +6,9 @@ Example::
                         eval_timeout=900)
     # reuse the HF checkpoints the trainer saves anyway, no export:
     config = EvalConfig(save_hf="/ckpt/hf/{step}")
+    # from a trainer's command line (--eval-hf-dir, --eval-max-in-flight, ...):
+    EvalConfig.add_arguments(parser)
+    config = EvalConfig.from_args(parser.parse_args())
 
 A bad value raises :class:`actorsys.ConfigError` (a ``ValueError``) naming the field and what
 it accepts.
@@ -13,11 +16,13 @@ it accepts.
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
+from actorsys import _flags
 from actorsys._errors import ConfigError
 
 Overflow = Literal["backpressure", "skip", "latest"]
@@ -85,6 +90,29 @@ class EvalConfig:
             _require_seconds(name, getattr(self, name), optional=True)
         for name in ("pin_timeout", "close_timeout", "restart_period"):
             _require_seconds(name, getattr(self, name), optional=False)
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+        """Add the evaluation flags to a trainer's ``parser`` (one argument group, returned):
+        ``--eval-hf-dir``, ``--save-hf``, ``--eval-max-in-flight``, ``--eval-overflow-policy``,
+        ``--eval-keep-snapshots`` as miles names them, and ``--eval-timeout``,
+        ``--eval-pin-timeout``, ``--eval-close-timeout``. Flags the parser already defines are
+        left to it. A bad value is an argparse error naming the flag."""
+        return _flags.add_arguments(parser, cls)
+
+    @classmethod
+    def from_args(cls, namespace: argparse.Namespace, **overrides: Any) -> EvalConfig:
+        """The config the flags in ``namespace`` describe; unset flags keep their defaults and
+        ``overrides`` (any field, e.g. ``base_checkpoint``) win. A ``--save-hf`` pattern may
+        use miles' ``{rollout_id}``. Raises :class:`ConfigError`, noting the flag."""
+        kwargs = {**_flags.config_kwargs(namespace), **overrides}
+        try:
+            return cls(**kwargs)
+        except ConfigError as exc:
+            flag = _flags.flag_of(exc.field)
+            if flag is not None and exc.field not in overrides:
+                exc.add_note(f"set by {flag}")
+            raise
 
     @property
     def staging_dir(self) -> str | None:
