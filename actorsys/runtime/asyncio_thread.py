@@ -87,4 +87,5 @@ class AsyncioThread:
 def _cancel_all_and_stop(loop: asyncio.AbstractEventLoop) -> None:
     for task in asyncio.all_tasks(loop):
         task.cancel()
-    loop.stop()
+    # Stop one iteration later, so the cancelled tasks run their clean-up first.
+    loop.call_soon(loop.stop)

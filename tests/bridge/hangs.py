@@ -34,7 +34,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
     def log_message(self, *args):
         pass
-server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+class Server(http.server.HTTPServer):
+    def handle_error(self, request, client_address):
+        pass
+server = Server(("127.0.0.1", 0), Handler)
 print(server.server_address[1], flush=True)
 server.serve_forever()
 """
@@ -114,10 +117,10 @@ class SubprocessIgnoringTerm(Hang):
     async def evaluate_checkpoint(self, checkpoint_dir: str, input: RolloutFnEvalInput) -> Any:  # noqa: A002
         async with trio.open_nursery() as nursery:
             command = [sys.executable, "-c", IGNORES_SIGTERM]
-            process = await nursery.start(
-                partial(trio.run_process, command, stdout=subprocess.DEVNULL)
-            )
+            run = partial(trio.run_process, command, stdout=subprocess.PIPE)
+            process = await nursery.start(run)
             self.pids.append(process.pid)
+            await process.stdout.receive_some()  # "ready": SIGTERM is ignored from here on
             self.entered.set()
 
 
