@@ -35,8 +35,10 @@ import torch
 from actorsys.config import EvalConfig
 from actorsys.outcome import CloseReport, DrainReport, SupervisorStatistics
 from actorsys.sinks import Sink
-from bridge._runtime import Runtime, copy_weights, drains_on_exit
+from bridge._budgets import drains_on_exit
+from bridge._runtime import Runtime
 from bridge._sync import DEFAULT_HANDOFF_TIMEOUT, remaining
+from bridge._weights import copy_weights
 
 
 def _consume(future: asyncio.Future[Any]) -> None:
@@ -80,7 +82,7 @@ class AsyncEvalBridge:
         Blocks only the calling task. Cancelling it ends the wait and leaves ``future`` alone.
         """
         if self._finished is None:
-            self._finished = asyncio.wrap_future(self._rt.finished)
+            self._finished = asyncio.wrap_future(self._rt.trio.finished)
             self._finished.add_done_callback(_consume)
         answer = asyncio.wrap_future(future)
         answer.add_done_callback(_consume)
@@ -90,13 +92,13 @@ class AsyncEvalBridge:
 
     async def __aenter__(self) -> AsyncEvalBridge:
         rt = self._rt
-        rt.start()
+        rt.trio.start()
         try:
-            await self._wait(rt.started, None)
+            await self._wait(rt.trio.started, None)
         except BaseException:
             await self.close(drain=False)
             raise
-        rt.started.result()
+        rt.trio.started.result()
         return self
 
     async def __aexit__(
@@ -153,7 +155,7 @@ class AsyncEvalBridge:
     async def drain(self, timeout: float | None = None) -> DrainReport:  # noqa: ASYNC109
         """As :meth:`bridge.EvalBridge.drain`; suspends only this task."""
         rt = self._rt
-        waiting = rt.unsettled()
+        waiting = rt.trio.unsettled()
         call = rt.post_drain(timeout)
         await self._wait(call.future, timeout)
         return rt.drain_report(call, waiting)
@@ -176,8 +178,8 @@ class AsyncEvalBridge:
         deadline = time.monotonic() + budget
         call = rt.request_close(budget, drain)
         await self._wait(call.future, remaining(deadline))
-        if rt.thread.ident is not None:
-            await self._wait(rt.finished, remaining(deadline))
+        if rt.trio.ever_started:
+            await self._wait(rt.trio.finished, remaining(deadline))
         return rt.finish_close()
 
     def statistics(self) -> SupervisorStatistics:

@@ -25,7 +25,9 @@ import torch
 from actorsys.config import EvalConfig
 from actorsys.outcome import CloseReport, DrainReport, SupervisorStatistics
 from actorsys.sinks import Sink
-from bridge._runtime import Runtime, copy_weights, drains_on_exit
+from bridge._budgets import drains_on_exit
+from bridge._runtime import Runtime
+from bridge._weights import copy_weights
 
 DEFAULT_HANDOFF_TIMEOUT = 1.0
 
@@ -84,13 +86,13 @@ class EvalBridge:
 
     def __enter__(self) -> EvalBridge:
         rt = self._rt
-        rt.start()
+        rt.trio.start()
         try:
-            wait_any([rt.started, rt.finished], None)
+            wait_any([rt.trio.started, rt.trio.finished], None)
         except BaseException:
             self.close(drain=False)
             raise
-        rt.started.result()
+        rt.trio.started.result()
         return self
 
     def __exit__(
@@ -136,7 +138,7 @@ class EvalBridge:
         }
         call = rt.post_reserve(step, sources, force)
         try:
-            wait_any([call.future, rt.finished], bound)
+            wait_any([call.future, rt.trio.finished], bound)
         except BaseException:
             rt.give_up(call)
             raise
@@ -160,9 +162,9 @@ class EvalBridge:
         """Wait until the points in flight now have settled, for at most ``timeout`` seconds
         (None: no bound). Never raises on timeout: the report says what is still pending."""
         rt = self._rt
-        waiting = rt.unsettled()
+        waiting = rt.trio.unsettled()
         call = rt.post_drain(timeout)
-        wait_any([call.future, rt.finished], timeout)
+        wait_any([call.future, rt.trio.finished], timeout)
         return rt.drain_report(call, waiting)
 
     def close(self, timeout: float | None = None, *, drain: bool = True) -> CloseReport:
@@ -186,9 +188,8 @@ class EvalBridge:
         budget = rt.close_budget(timeout)
         deadline = time.monotonic() + budget
         call = rt.request_close(budget, drain)
-        wait_any([call.future, rt.finished], remaining(deadline))
-        if rt.thread.ident is not None:
-            rt.thread.join(remaining(deadline))
+        wait_any([call.future, rt.trio.finished], remaining(deadline))
+        rt.trio.join(remaining(deadline))
         return rt.finish_close()
 
     def statistics(self) -> SupervisorStatistics:

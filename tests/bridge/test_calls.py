@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
+from bridge._budgets import drains_on_exit, trio_share
 from bridge._calls import Call, answer
-from bridge._runtime import drains_on_exit, trio_share
 
 
 def test_an_answer_delivered_after_the_host_gave_up_stays_with_the_trio_side() -> None:

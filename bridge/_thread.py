@@ -1,0 +1,217 @@
+"""The supervisor's own thread: one EvalSupervisor on trio, and the only way to reach it.
+
+The host never calls into trio. It *posts* a :class:`Command` (``TrioToken.run_sync_soon``
+onto an unbounded memory channel: neither ever blocks, whatever the trio thread is doing).
+In the trio thread one dispatcher task runs the commands in the order they were posted; a
+command that has to wait starts a task of its own, so the dispatcher never does.
+
+The thread also keeps the host's own record of the pipeline, readable without the trio
+thread: the steps handed over, the steps the sink saw settle, and the supervisor's statistics
+as last published.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import math
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from actorsys.config import EvalConfig
+from actorsys.outcome import Outcome, SupervisorStatistics
+from actorsys.sinks import Sink
+from actorsys.supervisor import EvalSupervisor
+
+log = logging.getLogger("actorsys.bridge")
+
+THREAD_NAME = "actorsys-bridge"
+
+
+def nothing() -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Command:
+    run: Callable[[trio.Nursery], None]
+    """Runs in the dispatcher task; starts a task in the nursery for anything that waits."""
+    refuse: Callable[[], None] = nothing
+    """Runs instead if the trio side is gone or never came up; never raises."""
+
+
+class _Recorder:
+    """The sink the supervisor sees: the host's sink, then the thread's own record."""
+
+    def __init__(self, sink: Sink, settled: Callable[[Outcome], None]) -> None:
+        self._sink = sink
+        self._settled = settled
+
+    def record(self, outcome: Outcome) -> None:
+        try:
+            self._sink.record(outcome)
+        finally:
+            self._settled(outcome)
+
+
+class TrioThread:
+    """A daemon thread running ``EvalSupervisor.open(...)`` under ``trio.run``.
+
+    ``started`` resolves once the supervisor is up (or to its start-up error); ``finished``
+    once ``trio.run`` has returned. Commands posted before the thread is up wait for it.
+    """
+
+    def __init__(self, config: EvalConfig, *, eval_fn: Any, fleet: Any, sink: Sink) -> None:
+        self.config = config
+        self.sink = sink
+        self.started: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self.finished: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self.crash: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
+        self._eval_fn = eval_fn
+        self._fleet = fleet
+        self._lock = threading.Lock()
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._inbox: trio.MemorySendChannel[Command] | None = None
+        self._early: list[Command] = []
+        self._ended = False
+        self._sup: EvalSupervisor | None = None
+        self._launched: set[int] = set()
+        self._settled: set[int] = set()
+        self._stats = SupervisorStatistics(
+            in_flight=0, settled=0, ok=0, skipped_by_reason={}, restarts=0,
+            gave_up=False, closed=False,
+        )
+
+    # -- the host side -------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def ever_started(self) -> bool:
+        return self._thread.ident is not None
+
+    @property
+    def running(self) -> bool:
+        """The thread was started and ``trio.run`` has not returned."""
+        return self.ever_started and not self.finished.done()
+
+    def join(self, timeout: float) -> None:
+        """Block for at most ``timeout`` seconds until the thread has ended."""
+        if self.ever_started:
+            self._thread.join(timeout)
+
+    def post(self, command: Command) -> None:
+        """Hand ``command`` to the trio thread without blocking, or refuse it at once."""
+        with self._lock:
+            token = self._token
+            if token is None and self.ever_started and not self._ended:
+                self._early.append(command)
+                return
+        if token is None:
+            command.refuse()
+            return
+        try:
+            token.run_sync_soon(self._enqueue, command)
+        except trio.RunFinishedError:
+            command.refuse()
+
+    def note_launched(self, step: int) -> None:
+        with self._lock:
+            self._launched.add(step)
+
+    def unsettled(self) -> list[int]:
+        """Steps handed over to the pipeline that the sink has not seen settle."""
+        with self._lock:
+            return sorted(self._launched - self._settled)
+
+    def settled(self, steps: list[int]) -> list[int]:
+        """Those of ``steps`` the sink has seen settle."""
+        with self._lock:
+            return [step for step in steps if step in self._settled]
+
+    def statistics(self) -> SupervisorStatistics:
+        """The supervisor's statistics as last published by the trio thread (never blocks)."""
+        return self._stats
+
+    # -- the trio side -------------------------------------------------------------------
+
+    @property
+    def supervisor(self) -> EvalSupervisor:
+        """The running supervisor; only for commands, which run in the trio thread."""
+        assert self._sup is not None
+        return self._sup
+
+    def publish(self) -> None:
+        if self._sup is not None:
+            self._stats = self._sup.statistics()
+
+    def _run(self) -> None:
+        try:
+            trio.run(self._main)
+        except BaseException as exc:
+            if not self.started.done():
+                self.started.set_exception(exc)
+            else:
+                self.crash = exc
+                log.error("the supervisor thread stopped", exc_info=exc)
+        finally:
+            with self._lock:
+                self._ended = True
+                early, self._early = self._early, []
+            for command in early:
+                command.refuse()
+            self.finished.set_result(None)
+
+    async def _main(self) -> None:
+        inbox_send, inbox_recv = trio.open_memory_channel[Command](math.inf)
+        recorder = _Recorder(self.sink, self._on_settled)
+        async with EvalSupervisor.open(
+            self.config, eval_fn=self._eval_fn, fleet=self._fleet, sink=recorder
+        ) as sup:
+            self._sup = sup
+            self.publish()
+            async with trio.open_nursery() as nursery:
+                with self._lock:
+                    self._inbox = inbox_send
+                    self._token = trio.lowlevel.current_trio_token()
+                    early, self._early = self._early, []
+                for command in early:
+                    inbox_send.send_nowait(command)
+                self.started.set_result(None)
+                nursery.start_soon(self._dispatch, inbox_recv, nursery)
+
+    def _enqueue(self, command: Command) -> None:
+        assert self._inbox is not None
+        try:
+            self._inbox.send_nowait(command)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            command.refuse()
+
+    async def _dispatch(
+        self, inbox: trio.MemoryReceiveChannel[Command], nursery: trio.Nursery
+    ) -> None:
+        try:
+            async for command in inbox:
+                try:
+                    command.run(nursery)
+                except Exception:
+                    log.exception("a bridge request failed in the supervisor thread")
+                self.publish()
+        finally:
+            while True:
+                try:
+                    inbox.receive_nowait().refuse()
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+            inbox.close()
+
+    def _on_settled(self, outcome: Outcome) -> None:
+        with self._lock:
+            self._settled.add(outcome.step)
+        self.publish()
