@@ -46,7 +46,7 @@ from actorsys.config import EvalConfig
 from actorsys.contracts import RUNTIMES, CheckpointEvalFn
 from actorsys.fleet import Fleet
 from actorsys.outcome import CloseReport, DrainReport, SupervisorStatistics
-from actorsys.runtime import ActorSupervisor, ChildSpec, Restart
+from actorsys.runtime import ActorSupervisor, ChildSpec, Restart, run_blocking
 from actorsys.sinks import MemorySink, Sink
 from actorsys.snapshot import CapturedWeights, capture, weights_nbytes
 
@@ -464,7 +464,14 @@ class EvalSupervisor:
                 if inspect.iscoroutinefunction(dispose):
                     await dispose()
                 else:
-                    await trio.to_thread.run_sync(dispose, abandon_on_cancel=True)
+                    assert self._pipeline is not None
+                    await run_blocking(
+                        dispose,
+                        abandon_on_cancel=True,
+                        limiter=trio.CapacityLimiter(1),
+                        description="eval fn dispose()",
+                        tracker=self._pipeline.tracker,
+                    )
             except Exception:
                 log.exception("eval fn dispose() failed")
 
