@@ -1,5 +1,5 @@
-"""Supervisor paths a host thread relies on: start-up errors, launch after the supervisor
-stopped, and a close that does not wait for evaluations."""
+"""Supervisor paths a host thread relies on: launch after the supervisor stopped, and a close
+that does not wait for evaluations."""
 
 from __future__ import annotations
 
@@ -7,13 +7,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import pytest
 import torch
 import trio
 
 from actorsys import (
     CheckpointEvalFn,
-    ConfigError,
     EvalConfig,
     EvalSupervisor,
     MemorySink,
@@ -25,15 +23,6 @@ from actorsys.snapshot import capture
 class Forever(CheckpointEvalFn):
     async def evaluate_checkpoint(self, checkpoint_dir: str, input: RolloutFnEvalInput) -> Any:  # noqa: A002
         await trio.sleep_forever()
-
-
-async def test_an_unusable_staging_dir_raises_config_error_itself(tmp_path: Path) -> None:
-    not_a_dir = tmp_path / "file"
-    not_a_dir.write_text("")
-    with pytest.raises(ConfigError) as caught:
-        async with EvalSupervisor.open(EvalConfig(hf_dir=not_a_dir), eval_fn=Forever()):
-            pass  # pragma: no cover
-    assert caught.value.field == "hf_dir"
 
 
 async def test_launch_after_the_supervisor_gave_up_settles_the_point_crashed(
