@@ -234,11 +234,13 @@ class EvalSupervisor:
         require_marker: bool | None = None,
         force: bool = False,
     ) -> Reservation | None:
-        """The admission half of ``submit``: validate, wait for a slot, check the disk.
+        """The admission half of ``submit``: validate, wait for a slot, check the disk, lease
+        a buffer set for the weights.
 
-        Returns a :class:`Reservation` to ``launch`` once the weights are copied (or
-        ``release``), or None if the point settled at once. For hosts that copy the weights
-        in their own thread (the bridge); ``submit`` is reserve + copy + launch.
+        Returns a :class:`Reservation` to ``launch`` once the weights are copied with
+        ``capture(source, buffers=reservation.buffers)`` (or to ``release``), or None if the
+        point settled at once. For hosts that copy the weights in their own thread (the
+        bridge); ``submit`` is reserve + copy + launch.
         """
         point, plan = self._check_submit(
             step, model, state_dict, export, checkpoint_dir, require_marker, force

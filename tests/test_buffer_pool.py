@@ -6,7 +6,6 @@ import os
 
 import pytest
 import torch
-from snapshot_models import tiny_llama
 
 from actorsys.snapshot import (
     BufferPool,
@@ -16,6 +15,8 @@ from actorsys.snapshot import (
     plan_state,
     write_snapshot,
 )
+
+from .snapshot_models import tiny_llama
 
 
 def lease_for(pool: BufferPool, model: torch.nn.Module):  # type: ignore[no-untyped-def]

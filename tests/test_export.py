@@ -13,15 +13,6 @@ import pytest
 import torch
 import trio
 import trio.testing
-from snapshot_models import (
-    fill_disk,
-    input_ids,
-    load,
-    logits,
-    make_base_checkpoint,
-    tiny_llama,
-    tmpfs,
-)
 
 from actorsys import (
     CheckpointEvalFn,
@@ -36,6 +27,16 @@ from actorsys import (
 )
 from actorsys.actors import exporter
 from actorsys.snapshot import _write, capture
+
+from .snapshot_models import (
+    fill_disk,
+    input_ids,
+    load,
+    logits,
+    make_base_checkpoint,
+    tiny_llama,
+    tmpfs,
+)
 
 
 class LoadAndScore(CheckpointEvalFn):

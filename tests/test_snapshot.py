@@ -9,7 +9,12 @@ import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
-from snapshot_models import (
+from transformers import AutoTokenizer, GenerationConfig
+
+from actorsys.snapshot import capture, plan_state, weights_nbytes, write_snapshot
+from actorsys.snapshot._safetensors import DTYPE_NAMES, write_file
+
+from .snapshot_models import (
     CHAT_TEMPLATE,
     LINES,
     input_ids,
@@ -19,10 +24,6 @@ from snapshot_models import (
     tiny_llama,
     tiny_mixtral,
 )
-from transformers import AutoTokenizer, GenerationConfig
-
-from actorsys.snapshot import capture, plan_state, weights_nbytes, write_snapshot
-from actorsys.snapshot._safetensors import DTYPE_NAMES, write_file
 
 
 def snapshot_of(source: object, directory: str, **kwargs: object) -> str:

@@ -116,7 +116,7 @@ def capture(source: Source, *, buffers: BufferLease | None = None) -> CapturedWe
                 f"the weights need {plan.buffer_nbytes} bytes of buffer, the lease holds "
                 f"{lease.nbytes}; did the model change between reserve and capture?"
             )
-        tensors = _copy_into(plan.entries, lease.buffer() if plan.entries else None)
+        tensors = _copy_into(plan.entries, lease.buffer()) if plan.entries else {}
         weights = CapturedWeights(tensors, nbytes=plan.nbytes, lease=lease)
         if plan.model is not None:
             _capture_model_files(plan.model, weights)
@@ -126,25 +126,25 @@ def capture(source: Source, *, buffers: BufferLease | None = None) -> CapturedWe
     return weights
 
 
-def _copy_into(
-    entries: dict[str, torch.Tensor], buffer: torch.Tensor | None
-) -> dict[str, torch.Tensor]:
+def _copy_into(entries: dict[str, torch.Tensor], buffer: torch.Tensor) -> dict[str, torch.Tensor]:
     tensors: dict[str, torch.Tensor] = {}
     streams: dict[torch.device, torch.cuda.Stream] = {}
     offset = 0
-    with torch.no_grad():
-        for name, source in entries.items():
-            assert buffer is not None
-            nbytes = tensor_nbytes(source)
-            target = buffer[offset : offset + nbytes].view(source.dtype).view(source.shape)
-            on_cuda = source.device.type == "cuda"
-            target.copy_(source, non_blocking=on_cuda)
-            if on_cuda and source.device not in streams:
-                streams[source.device] = torch.cuda.current_stream(source.device)
-            tensors[name] = target
-            offset += aligned(nbytes)
-    for stream in streams.values():
-        stream.synchronize()
+    try:
+        with torch.no_grad():
+            for name, source in entries.items():
+                nbytes = tensor_nbytes(source)
+                target = buffer[offset : offset + nbytes].view(source.dtype).view(source.shape)
+                on_cuda = source.device.type == "cuda"
+                if on_cuda and source.device not in streams:
+                    streams[source.device] = torch.cuda.current_stream(source.device)
+                target.copy_(source, non_blocking=on_cuda)
+                tensors[name] = target
+                offset += aligned(nbytes)
+    finally:
+        # Also on error: no copy may still be landing in the buffer once it is given back.
+        for stream in streams.values():
+            stream.synchronize()
     return tensors
 
 
