@@ -1,7 +1,9 @@
 """What the trainer pays for an evaluation point: non-blocking export vs. the blocking save.
 
 Run: ``.venv/bin/python bench/export.py`` (about 2 minutes on 2 cores; ``--quick`` for a
-smoke run). Side by side in one process, on one disk, with medians over repetitions:
+smoke run; ``--threads 1`` on a machine whose cores other processes share, where torch's
+parallel copies and steps stall on descheduled threads). Side by side in one process, on one
+disk, with medians over repetitions:
 
 1. the trainer's stall per eval point with ``EvalSupervisor.submit(step, model=...)``;
 2. the blocking pattern: ``save_pretrained`` inside the training loop, fsync'd (durable);
@@ -9,7 +11,8 @@ smoke run). Side by side in one process, on one disk, with medians over repetiti
 
 plus the Exporter's write throughput against a raw sequential write + fsync of the same bytes
 in the same directory, the peak RSS while exports run, and a small training loop's steps/s
-with an eval every 10 steps against none. Prints a table and the ratios against their targets.
+with an eval every 10 steps against none (and against a blocking save every 10 steps). Prints
+a table and the ratios against their targets.
 """
 
 from __future__ import annotations
@@ -167,52 +170,56 @@ def blocking_save(model: PreTrainedModel, directory: str) -> None:
     fsync_tree(directory)
 
 
-async def training_loop(
-    model: PreTrainedModel, steps: int, on_eval: Callable[[int], Awaitable[object]] | None
-) -> float:
-    """Steps per second of a plain AdamW loop, awaiting ``on_eval(step)`` every 10 steps."""
-    ids = torch.randint(0, model.config.vocab_size, (1, 32))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    started = time.perf_counter()
-    for step in range(1, steps + 1):
-        loss = model(ids, labels=ids).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        if on_eval is not None and step % 10 == 0:
-            await on_eval(step)
-        await trio.lowlevel.checkpoint()
-    return steps / (time.perf_counter() - started)
+class TrainingLoop:
+    """A plain AdamW loop on a small model, run in blocks of 10 steps."""
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        self.model = model
+        self.ids = torch.randint(0, model.config.vocab_size, (1, 32))
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        self.step = 0
+
+    async def block(self, on_eval: Callable[[int], Awaitable[object]] | None) -> float:
+        """Seconds for 10 steps, awaiting ``on_eval(step)`` after the first (an eval every 10
+        steps)."""
+        started = time.perf_counter()
+        for index in range(10):
+            loss = self.model(self.ids, labels=self.ids).loss
+            loss.backward()
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+            self.step += 1
+            if on_eval is not None and index == 0:
+                await on_eval(self.step)
+            await trio.lowlevel.checkpoint()
+        return time.perf_counter() - started
 
 
-async def measure_loops(workdir: str, steps: int, reps: int, out: Results, quick: bool) -> None:
+async def measure_loops(workdir: str, blocks: int, out: Results, quick: bool) -> None:
+    """Blocks of 10 steps with no eval, one ``submit`` and one blocking save, interleaved
+    (the load of a shared machine drifts), compared by median block time."""
     model = llama(128, 2, 4000, 344) if quick else llama(512, 4, 16000, 1376)
     out.loop_model_bytes = nbytes(model)
     config = EvalConfig(hf_dir=os.path.join(workdir, "loop"), max_in_flight=MAX_IN_FLIGHT)
-    plain, evals, blocking = [], [], []
-    step_offset = 0
+    loop = TrainingLoop(model)
+    saved = os.path.join(workdir, "loop_saved")
+    times: dict[str, list[float]] = {"plain": [], "eval": [], "blocking": []}
     async with EvalSupervisor.open(config, eval_fn=CountFiles()) as sup:
-        await training_loop(model, 5, None)
-        for rep in range(reps):
-            plain.append(await training_loop(model, steps, None))
-            offset = step_offset
 
-            async def submit(step: int, offset: int = offset) -> bool:
-                return await sup.submit(offset + step, model=model)
+        async def submit(step: int) -> bool:
+            return await sup.submit(step, model=model)
 
-            evals.append(await training_loop(model, steps, submit))
-            step_offset += steps
-            await sup.drain()
-            directory = os.path.join(workdir, f"loop_blocking_{rep}")
+        async def save(step: int) -> None:
+            blocking_save(model, saved)
 
-            async def save(step: int, directory: str = directory) -> None:
-                blocking_save(model, directory)
-
-            blocking.append(await training_loop(model, steps, save))
-            shutil.rmtree(directory)
-    out.steps_plain = statistics.median(plain)
-    out.steps_eval = statistics.median(evals)
-    out.steps_blocking = statistics.median(blocking)
+        actions = {"plain": None, "eval": submit, "blocking": save}
+        await loop.block(submit)
+        for _ in range(blocks):
+            for name, action in actions.items():
+                times[name].append(await loop.block(action))
+    out.steps_plain = 10 / statistics.median(times["plain"])
+    out.steps_eval = 10 / statistics.median(times["eval"])
+    out.steps_blocking = 10 / statistics.median(times["blocking"])
 
 
 def report(out: Results) -> None:
@@ -263,7 +270,7 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", help="where to write (default: a temporary dir)")
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--loop-steps", type=int, default=30)
+    parser.add_argument("--loop-blocks", type=int, default=5, help="10-step blocks per variant")
     parser.add_argument("--quick", action="store_true", help="small model, few reps")
     parser.add_argument(
         "--threads", type=int, default=None, help="torch intra-op threads (default: torch's)"
@@ -283,7 +290,7 @@ async def main() -> None:
         out.rss_model = psutil.Process().memory_info().rss
         await measure_points(model, workdir, reps, out)
         del model
-        await measure_loops(workdir, 20 if args.quick else args.loop_steps, 2, out, args.quick)
+        await measure_loops(workdir, 2 if args.quick else args.loop_blocks, out, args.quick)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     out.seconds = time.perf_counter() - started
