@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import trio
 
+from actorsys.fleet._tls import ssl_context
 from actorsys.fleet.engine import EngineUnhealthyError
 
 log = logging.getLogger("actorsys.fleet")
@@ -77,7 +78,11 @@ class HttpEngine:
         ``httpx.TimeoutException`` included."""
         with trio.move_on_after(seconds):
             async with httpx.AsyncClient(
-                base_url=self.url, headers=self._headers, timeout=seconds, transport=self._transport
+                base_url=self.url,
+                headers=self._headers,
+                timeout=seconds,
+                transport=self._transport,
+                verify=ssl_context(),
             ) as client:
                 return await client.request(method, path, json=json, params=params)
         raise httpx.ReadTimeout(f"{method} {self.url}{path}: no answer within {seconds} s")

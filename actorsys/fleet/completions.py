@@ -21,6 +21,7 @@ import httpx
 
 from actorsys._errors import ActorsysError
 from actorsys.contracts import EvalSkip
+from actorsys.fleet._tls import ssl_context
 
 
 class CompletionError(ActorsysError, EvalSkip):
@@ -104,6 +105,7 @@ async def complete(
         timeout=request_timeout,
         transport=transport,
         limits=httpx.Limits(max_connections=concurrency),
+        verify=ssl_context(),
     ) as client:
         if model is None:
             with anyio.move_on_after(request_timeout):

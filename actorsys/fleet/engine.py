@@ -14,6 +14,7 @@ import httpx
 import trio
 
 from actorsys._errors import ActorsysError
+from actorsys.fleet._tls import ssl_context
 from actorsys.fleet.completions import Completion, complete
 
 T = TypeVar("T")
@@ -214,7 +215,7 @@ class Fleet:
     async def _probe_router(self) -> None:
         assert self.router_url is not None
         try:
-            async with httpx.AsyncClient(timeout=10.0) as client:
+            async with httpx.AsyncClient(timeout=10.0, verify=ssl_context()) as client:
                 response = await client.get(f"{self.router_url}/health")
                 response.raise_for_status()
         except httpx.HTTPError as exc:

@@ -27,6 +27,7 @@ import httpx
 import trio
 
 from actorsys.fleet._process import ManagedProcess, spawn
+from actorsys.fleet._tls import ssl_context
 from actorsys.fleet.engine import Engine, Fleet
 from actorsys.fleet.sglang import SGLangEngine
 from actorsys.fleet.vllm import VLLMEngine
@@ -193,7 +194,7 @@ class LocalFleet:
 
     async def _wait_healthy(self, process: ManagedProcess, url: str) -> None:
         with trio.move_on_after(self.startup_timeout):
-            async with httpx.AsyncClient(timeout=5.0) as client:
+            async with httpx.AsyncClient(timeout=5.0, verify=ssl_context()) as client:
                 while process.returncode is None:
                     try:
                         response = await client.get(f"{url}/health")

@@ -14,6 +14,8 @@ import trio
 
 from actorsys.fleet._process import spawn
 
+pytestmark = pytest.mark.slow
+
 PARENT_WITH_CHILD = (
     "import subprocess, time; subprocess.Popen(['sleep', '300']); time.sleep(300)"
 )
