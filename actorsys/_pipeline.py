@@ -21,13 +21,7 @@ from actorsys import staging
 from actorsys._point import Point, Stage
 from actorsys.config import EvalConfig
 from actorsys.fleet import Fleet
-from actorsys.outcome import (
-    DURATION_SECONDS,
-    EXPORT_TIME_SECONDS,
-    LAG_STEPS,
-    PIN_TIME_SECONDS,
-    Outcome,
-)
+from actorsys.outcome import LAG_STEPS, Outcome
 from actorsys.runtime import ThreadTracker
 from actorsys.sinks import Sink
 
@@ -230,9 +224,3 @@ class Pipeline:
             self.settle(point)
         return sorted(cut)
 
-
-STAGE_METRICS = {
-    Stage.EXPORT: EXPORT_TIME_SECONDS,
-    Stage.PIN: PIN_TIME_SECONDS,
-    Stage.EVAL: DURATION_SECONDS,
-}

@@ -46,7 +46,7 @@ from actorsys.config import EvalConfig
 from actorsys.contracts import RUNTIMES, CheckpointEvalFn
 from actorsys.fleet import Fleet
 from actorsys.outcome import CloseReport, DrainReport, SupervisorStatistics
-from actorsys.runtime import ActorSupervisor, ChildSpec, Restart
+from actorsys.runtime import ActorSupervisor, ChildSpec, Restart, run_blocking
 from actorsys.sinks import MemorySink, Sink
 from actorsys.snapshot import CapturedWeights, capture, weights_nbytes
 
@@ -114,10 +114,11 @@ class EvalSupervisor:
         run left in ``hf_dir`` are removed.
         """
         sup = cls(config, eval_fn=eval_fn, fleet=fleet, sink=sink)
+        actors = sup._prepare()
         body_error: BaseException | None = None
         try:
             async with trio.open_nursery() as nursery:
-                await sup._start(nursery)
+                await nursery.start(actors.run)
                 try:
                     yield sup
                 except BaseException as exc:
@@ -132,7 +133,7 @@ class EvalSupervisor:
                 raise body_error from None
             raise
 
-    async def _start(self, nursery: trio.Nursery) -> None:
+    def _prepare(self) -> ActorSupervisor:
         staging_dir = self.config.staging_dir
         if staging_dir is not None:
             staging_dir = staging.prepare_staging_dir(staging_dir)
@@ -170,7 +171,7 @@ class EvalSupervisor:
             on_give_up=self._on_give_up,
         )
         self._pipeline, self._actors, self._invoker = pipeline, actors, invoker
-        await nursery.start(actors.run)
+        return actors
 
     # -- admission -------------------------------------------------------------------------
 
@@ -335,7 +336,8 @@ class EvalSupervisor:
         if model is not None and not isinstance(model, torch.nn.Module):
             raise SubmitError(step, f"model must be a torch.nn.Module, got {type(model).__name__}")
         if state_dict is not None and not isinstance(state_dict, Mapping):
-            raise SubmitError(step, f"state_dict must be a mapping of tensors, got {type(state_dict).__name__}")
+            kind = type(state_dict).__name__
+            raise SubmitError(step, f"state_dict must be a mapping of tensors, got {kind}")
         source = model if model is not None else state_dict
         assert source is not None
         return Point(step, Source.WEIGHTS, force), weights_nbytes(source)
@@ -393,7 +395,7 @@ class EvalSupervisor:
 
     # -- drain and close ---------------------------------------------------------------------
 
-    async def drain(self, timeout: float | None = None) -> DrainReport:
+    async def drain(self, timeout: float | None = None) -> DrainReport:  # noqa: ASYNC109 - a budget
         """Wait until the points now in flight have settled, for at most ``timeout`` seconds
         (None: no bound). Never raises on timeout: the report says what is still pending."""
         pipeline = self._pipeline
@@ -408,7 +410,7 @@ class EvalSupervisor:
             pending=[s for s in waiting if s not in pipeline.settled_steps],
         )
 
-    async def aclose(self, timeout: float | None = None) -> CloseReport:
+    async def aclose(self, timeout: float | None = None) -> CloseReport:  # noqa: ASYNC109 - a budget
         """Stop admitting, drain within the budget, cut off the rest, stop the actors.
 
         Always returns within ``timeout`` seconds (default ``close_timeout``), also when an
@@ -462,7 +464,14 @@ class EvalSupervisor:
                 if inspect.iscoroutinefunction(dispose):
                     await dispose()
                 else:
-                    await trio.to_thread.run_sync(dispose, abandon_on_cancel=True)
+                    assert self._pipeline is not None
+                    await run_blocking(
+                        dispose,
+                        abandon_on_cancel=True,
+                        limiter=trio.CapacityLimiter(1),
+                        description="eval fn dispose()",
+                        tracker=self._pipeline.tracker,
+                    )
             except Exception:
                 log.exception("eval fn dispose() failed")
 
@@ -509,7 +518,9 @@ def _fleets(fleet: Fleet | Sequence[Fleet] | None) -> list[Fleet | None]:
         return [None]
     fleets = [fleet] if isinstance(fleet, Fleet) else list(fleet)
     if not fleets or not all(isinstance(f, Fleet) for f in fleets):
-        raise ConfigError("fleet", f"expected a Fleet, a non-empty sequence of Fleets, or None, got {fleet!r}")
+        raise ConfigError(
+            "fleet", f"expected a Fleet, a non-empty sequence of Fleets, or None, got {fleet!r}"
+        )
     if len({id(f) for f in fleets}) != len(fleets):
         raise ConfigError("fleet", "the same Fleet appears twice; each fleet evaluates one point at a time")
     return list(fleets)

@@ -1,0 +1,141 @@
+"""Deterministic stand-ins for the parts of the pipeline users supply: eval fns, engines,
+exports. Each blocks only on events the test controls."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import torch
+import trio
+
+from actorsys import (
+    CheckpointEvalFn,
+    EvalSkip,
+    RolloutFnEvalInput,
+    RolloutFnEvalOutput,
+)
+
+
+def tiny_state_dict(seed: int = 0) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return {
+        "layer.weight": torch.randn(4, 4, generator=generator),
+        "layer.bias": torch.randn(4, generator=generator),
+    }
+
+
+class RecordingEval(CheckpointEvalFn):
+    """Scores every checkpoint 1.0 and remembers what it saw."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, str, str | None]] = []
+
+    async def evaluate_checkpoint(
+        self, checkpoint_dir: str, input: RolloutFnEvalInput
+    ) -> RolloutFnEvalOutput:
+        self.seen.append((input.rollout_id, checkpoint_dir, input.weight_version))
+        await trio.lowlevel.checkpoint()
+        return RolloutFnEvalOutput(
+            data={"files": sorted(os.listdir(checkpoint_dir))}, metrics={"score": 1.0}
+        )
+
+
+class GatedEval(CheckpointEvalFn):
+    """Each evaluation waits until the test opens its step's gate (``release(step)``)."""
+
+    def __init__(self) -> None:
+        self.gates: dict[int, trio.Event] = {}
+        self.started: list[int] = []
+        self._started_events: dict[int, trio.Event] = {}
+        self.running = 0
+        self.max_running = 0
+
+    def gate(self, step: int) -> trio.Event:
+        return self.gates.setdefault(step, trio.Event())
+
+    def release(self, step: int) -> None:
+        self.gate(step).set()
+
+    async def wait_started(self, step: int) -> None:
+        await self._started_events.setdefault(step, trio.Event()).wait()
+
+    async def evaluate_checkpoint(
+        self, checkpoint_dir: str, input: RolloutFnEvalInput
+    ) -> RolloutFnEvalOutput:
+        self.started.append(input.rollout_id)
+        self._started_events.setdefault(input.rollout_id, trio.Event()).set()
+        self.running += 1
+        self.max_running = max(self.max_running, self.running)
+        try:
+            await self.gate(input.rollout_id).wait()
+        finally:
+            self.running -= 1
+        return RolloutFnEvalOutput(data={}, metrics={"score": float(input.rollout_id)})
+
+
+class HangingEval(CheckpointEvalFn):
+    async def evaluate_checkpoint(self, checkpoint_dir: str, input: RolloutFnEvalInput) -> Any:
+        await trio.sleep_forever()
+
+
+class ThreadHangingEval(CheckpointEvalFn):
+    """A ``runtime="thread"`` eval blocked on an event only the test sets."""
+
+    runtime = "thread"
+
+    def __init__(self) -> None:
+        self.unblock = threading.Event()
+
+    def evaluate_checkpoint(self, checkpoint_dir: str, input: RolloutFnEvalInput) -> Any:
+        self.unblock.wait()
+        return RolloutFnEvalOutput(data={})
+
+
+class SkippingEval(CheckpointEvalFn):
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    async def evaluate_checkpoint(self, checkpoint_dir: str, input: RolloutFnEvalInput) -> Any:
+        raise EvalSkip(self.reason, "told to")
+
+
+class FakeEngine:
+    """An engine whose faults the test chooses."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        keep_old_weights: bool = False,
+        healthy: bool = True,
+        version_error: bool = False,
+        load_gate: trio.Event | None = None,
+    ) -> None:
+        self.name = name
+        self.keep_old_weights = keep_old_weights
+        self.healthy = healthy
+        self.version_error = version_error
+        self.load_gate = load_gate
+        self.version: str | None = None
+        self.loads: list[tuple[str, str]] = []
+
+    async def health(self) -> None:
+        await trio.lowlevel.checkpoint()
+        if not self.healthy:
+            raise ConnectionError(f"{self.name} is down")
+
+    async def load_weights(self, path: str, version: str) -> None:
+        self.loads.append((path, version))
+        if self.load_gate is not None:
+            await self.load_gate.wait()
+        await trio.lowlevel.checkpoint()
+        if not self.keep_old_weights:
+            self.version = version
+
+    async def weight_version(self) -> str | None:
+        await trio.lowlevel.checkpoint()
+        if self.version_error:
+            raise RuntimeError(f"{self.name} cannot say")
+        return self.version

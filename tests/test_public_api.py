@@ -1,0 +1,46 @@
+import actorsys
+
+EXPECTED = {
+    "ActorsysError",
+    "BaseRolloutFn",
+    "CheckpointEvalFn",
+    "CloseReport",
+    "ConfigError",
+    "DrainReport",
+    "DuplicateStepError",
+    "Engine",
+    "EngineUnhealthyError",
+    "EvalConfig",
+    "EvalSkip",
+    "EvalSupervisor",
+    "Fleet",
+    "JsonlSink",
+    "MemorySink",
+    "Outcome",
+    "PinError",
+    "PinViolationError",
+    "RolloutFnConstructorInput",
+    "RolloutFnEvalInput",
+    "RolloutFnEvalOutput",
+    "RolloutFnTrainInput",
+    "RolloutFnTrainOutput",
+    "SubmitError",
+    "SupervisorClosedError",
+    "SupervisorGaveUpError",
+    "SupervisorStatistics",
+}
+
+
+def test_all_is_pinned() -> None:
+    assert set(actorsys.__all__) == EXPECTED
+
+
+def test_every_public_name_is_importable() -> None:
+    for name in actorsys.__all__:
+        assert getattr(actorsys, name) is not None
+
+
+def test_every_error_has_the_one_root() -> None:
+    for name in ("ConfigError", "SubmitError", "DuplicateStepError", "SupervisorClosedError",
+                 "SupervisorGaveUpError", "PinError", "EngineUnhealthyError", "PinViolationError"):
+        assert issubclass(getattr(actorsys, name), actorsys.ActorsysError)
