@@ -19,7 +19,15 @@ from actorsys.contracts import (
     RolloutFnTrainInput,
     RolloutFnTrainOutput,
 )
-from actorsys.fleet import Engine, EngineUnhealthyError, Fleet, PinError, PinViolationError
+from actorsys.fleet import (
+    Engine,
+    EngineUnhealthyError,
+    Fleet,
+    PinError,
+    PinViolationError,
+    SGLangEngine,
+    VLLMEngine,
+)
 from actorsys.outcome import CloseReport, DrainReport, Outcome, SupervisorStatistics
 from actorsys.sinks import JsonlSink, MemorySink
 from actorsys.supervisor import EvalSupervisor
@@ -48,8 +56,10 @@ __all__ = [
     "RolloutFnEvalOutput",
     "RolloutFnTrainInput",
     "RolloutFnTrainOutput",
+    "SGLangEngine",
     "SubmitError",
     "SupervisorClosedError",
     "SupervisorGaveUpError",
     "SupervisorStatistics",
+    "VLLMEngine",
 ]

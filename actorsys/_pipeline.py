@@ -24,6 +24,7 @@ from actorsys.fleet import Fleet
 from actorsys.outcome import LAG_STEPS, Outcome
 from actorsys.runtime import ThreadTracker
 from actorsys.sinks import Sink
+from actorsys.snapshot import BufferPool
 
 log = logging.getLogger("actorsys")
 
@@ -42,6 +43,8 @@ class Pipeline:
         self.sink = sink
         self.staging_dir = staging_dir
         self.tracker = ThreadTracker()
+        self._token = trio.lowlevel.current_trio_token()
+        self.buffers = BufferPool(config.max_in_flight, on_free=self._wake_from_any_thread)
         self.export_send, self.export_recv = trio.open_memory_channel[Point](math.inf)
         self.pin_send, self.pin_recv = trio.open_memory_channel[Point](math.inf)
         self.eval_send, self.eval_recv = trio.open_memory_channel[Point](math.inf)
@@ -148,6 +151,12 @@ class Pipeline:
     def wake(self) -> None:
         self._changed.unpark_all()
 
+    def _wake_from_any_thread(self) -> None:
+        try:
+            self._token.run_sync_soon(self.wake)
+        except trio.RunFinishedError:
+            pass
+
     # -- settling -----------------------------------------------------------------------
 
     def settle(self, point: Point) -> Outcome | None:
@@ -158,7 +167,7 @@ class Pipeline:
         point.stage = Stage.SETTLED
         outcome = self._outcome(point)
         self.return_fleet(point)
-        point.weights = None
+        point.release_weights()
         self.in_flight.pop(point.step, None)
         self.settled_steps.add(point.step)
         if outcome.ok:

@@ -55,6 +55,13 @@ class Point:
     scope: trio.CancelScope | None = None
     metrics: dict[str, float] = field(default_factory=dict)
 
+    def release_weights(self) -> None:
+        """Let go of the captured weights: their buffers return to the pool as soon as no
+        export thread reads them any more."""
+        if self.weights is not None:
+            self.weights.release()
+            self.weights = None
+
     @property
     def supersedable(self) -> bool:
         """A queued point the ``latest`` policy may drop: not forced, not yet pinning."""

@@ -48,7 +48,7 @@ from actorsys.fleet import Fleet
 from actorsys.outcome import CloseReport, DrainReport, SupervisorStatistics
 from actorsys.runtime import ActorSupervisor, ChildSpec, Restart, run_blocking
 from actorsys.sinks import MemorySink, Sink
-from actorsys.snapshot import CapturedWeights, capture, weights_nbytes
+from actorsys.snapshot import BufferLease, CapturedWeights, StatePlan, capture, plan_state
 
 log = logging.getLogger("actorsys")
 
@@ -60,10 +60,12 @@ DISK_HEADROOM_BYTES = 64 * 1024 * 1024
 @dataclass(frozen=True)
 class Reservation:
     """A slot held for a point between admission and launch (the weight copy happens in
-    between, in whichever thread the caller is on)."""
+    between, in whichever thread the caller is on, into ``buffers``: a set leased from the
+    supervisor's pool; pass it to ``capture``)."""
 
     point: Point
     nbytes: int
+    buffers: BufferLease | None = None
 
 
 class EvalSupervisor:
@@ -213,7 +215,13 @@ class EvalSupervisor:
         if reservation is None:
             return False
         weights_source = model if model is not None else state_dict
-        weights = capture(weights_source) if weights_source is not None else None
+        weights = None
+        if weights_source is not None:
+            try:
+                weights = capture(weights_source, buffers=reservation.buffers)
+            except BaseException:
+                self.release(reservation)
+                raise
         return self.launch(reservation, weights)
 
     async def reserve(
@@ -227,15 +235,18 @@ class EvalSupervisor:
         require_marker: bool | None = None,
         force: bool = False,
     ) -> Reservation | None:
-        """The admission half of ``submit``: validate, wait for a slot, check the disk.
+        """The admission half of ``submit``: validate, wait for a slot, check the disk, lease
+        a buffer set for the weights.
 
-        Returns a :class:`Reservation` to ``launch`` once the weights are copied (or
-        ``release``), or None if the point settled at once. For hosts that copy the weights
-        in their own thread (the bridge); ``submit`` is reserve + copy + launch.
+        Returns a :class:`Reservation` to ``launch`` once the weights are copied with
+        ``capture(source, buffers=reservation.buffers)`` (or to ``release``), or None if the
+        point settled at once. For hosts that copy the weights in their own thread (the
+        bridge); ``submit`` is reserve + copy + launch.
         """
-        point, nbytes = self._check_submit(
+        point, plan = self._check_submit(
             step, model, state_dict, export, checkpoint_dir, require_marker, force
         )
+        nbytes = 0 if plan is None else plan.nbytes
         pipeline = self._running_pipeline()
         self._steps.add(step)
         pipeline.note_step(step)
@@ -251,7 +262,10 @@ class EvalSupervisor:
             pipeline.fail(point, "disk_budget", f"{nbytes} bytes do not fit on {pipeline.staging_dir}")
             pipeline.settle(point)
             return None
-        return Reservation(point, nbytes)
+        if plan is None:
+            return Reservation(point, nbytes)
+        buffers = await self._lease_buffers(point, plan)
+        return None if buffers is None else Reservation(point, nbytes, buffers)
 
     def launch(self, reservation: Reservation, weights: CapturedWeights | None) -> bool:
         """Start a reserved point down the pipeline with its copied ``weights``.
@@ -265,6 +279,10 @@ class EvalSupervisor:
         self._reserved -= 1
         point = reservation.point
         if self._closing or self._gave_up is not None:
+            if weights is not None:
+                weights.release()
+            elif reservation.buffers is not None:
+                reservation.buffers.give_back()
             pipeline.fail(point, "closed" if self._gave_up is None else "crashed")
             pipeline.settle(point)
             return False
@@ -277,6 +295,8 @@ class EvalSupervisor:
         """Give back a reservation that will not be launched; the step may be submitted again."""
         self._reserved -= 1
         self._steps.discard(reservation.point.step)
+        if reservation.buffers is not None:
+            reservation.buffers.give_back()
         if self._pipeline is not None:
             self._pipeline.wake()
 
@@ -294,7 +314,7 @@ class EvalSupervisor:
         checkpoint_dir: str | os.PathLike[str] | None,
         require_marker: bool | None,
         force: bool,
-    ) -> tuple[Point, int]:
+    ) -> tuple[Point, StatePlan | None]:
         self._running_pipeline()
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise SubmitError(step, "step must be an integer >= 0")
@@ -324,7 +344,8 @@ class EvalSupervisor:
                     "(or set EvalConfig.save_hf without hf_dir to reuse the trainer's checkpoints)",
                 )
             marker = True if require_marker is None else require_marker
-            return Point(step, Source.CHECKPOINT, force, checkpoint=reuse, require_marker=marker), 0
+            point = Point(step, Source.CHECKPOINT, force, checkpoint=reuse, require_marker=marker)
+            return point, None
         if require_marker is not None and checkpoint_dir is None:
             raise SubmitError(step, "require_marker applies only to checkpoint_dir=")
         if checkpoint_dir is not None:
@@ -332,13 +353,14 @@ class EvalSupervisor:
                 raise SubmitError(step, f"checkpoint_dir must be a path, got {checkpoint_dir!r}")
             path = os.path.abspath(os.fspath(checkpoint_dir))
             marker = bool(require_marker)
-            return Point(step, Source.CHECKPOINT, force, checkpoint=path, require_marker=marker), 0
+            point = Point(step, Source.CHECKPOINT, force, checkpoint=path, require_marker=marker)
+            return point, None
         if config.staging_dir is None:
             raise SubmitError(step, f"{next(iter(given))}= needs EvalConfig.hf_dir to export into")
         if export is not None:
             if not callable(export):
                 raise SubmitError(step, f"export must be an async callable (step, path), got {export!r}")
-            return Point(step, Source.EXPORT, force, export=export), 0
+            return Point(step, Source.EXPORT, force, export=export), None
         if model is not None and not isinstance(model, torch.nn.Module):
             raise SubmitError(step, f"model must be a torch.nn.Module, got {type(model).__name__}")
         if state_dict is not None and not isinstance(state_dict, Mapping):
@@ -346,7 +368,11 @@ class EvalSupervisor:
             raise SubmitError(step, f"state_dict must be a mapping of tensors, got {kind}")
         source = model if model is not None else state_dict
         assert source is not None
-        return Point(step, Source.WEIGHTS, force), weights_nbytes(source)
+        try:
+            plan = plan_state(source)
+        except (TypeError, ValueError) as exc:
+            raise SubmitError(step, str(exc)) from exc
+        return Point(step, Source.WEIGHTS, force), plan
 
     async def _wait_for_slot(self, point: Point) -> bool:
         pipeline = self._running_pipeline()
@@ -364,6 +390,31 @@ class EvalSupervisor:
             self._running_pipeline()
         self._reserved += 1
         return True
+
+    async def _lease_buffers(self, point: Point, plan: StatePlan) -> BufferLease | None:
+        """Lease the buffer set the copy goes into (one per slot). Only a set that an export
+        thread abandoned at a timeout or supersede still reads can be missing: wait for that
+        thread to stop (it does at its next chunk), or under ``overflow="skip"`` settle
+        ``busy``. Cancelling the wait admits nothing."""
+        pipeline = self._running_pipeline()
+        try:
+            while True:
+                lease = pipeline.buffers.try_lease(plan.buffer_nbytes, pinned=plan.on_cuda)
+                if lease is not None:
+                    return lease
+                if not point.force and self.config.overflow == "skip":
+                    self._reserved -= 1
+                    reason = "every weight buffer is read by an abandoned export"
+                    pipeline.fail(point, "busy", reason)
+                    pipeline.settle(point)
+                    return None
+                await pipeline.wait_changed()
+                self._running_pipeline()
+        except BaseException:
+            self._reserved -= 1
+            self._steps.discard(point.step)
+            pipeline.wake()
+            raise
 
     def _disk_has_room(self, nbytes: int) -> bool:
         pipeline = self._pipeline
@@ -455,6 +506,7 @@ class EvalSupervisor:
         with trio.move_on_at(deadline):
             await actors.shutdown()
         actors.cancel()
+        pipeline.buffers.close()
         await self._dispose(deadline)
         assert self._invoker is not None
         self._invoker.asyncio_thread.stop(timeout=max(0.0, min(0.2, deadline - trio.current_time())))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,6 +25,11 @@ def tiny_state_dict(seed: int = 0) -> dict[str, torch.Tensor]:
         "layer.weight": torch.randn(4, 4, generator=generator),
         "layer.bias": torch.randn(4, generator=generator),
     }
+
+
+async def written_export(step: int, path: str) -> None:
+    """A delegated export that writes a (fake) weight file at once."""
+    Path(path, "model.safetensors").write_bytes(b"w")
 
 
 class RecordingEval(CheckpointEvalFn):

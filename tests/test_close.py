@@ -19,11 +19,7 @@ from actorsys import (
 )
 
 from .conftest import snapshot_dirs, tmp_dirs
-from .fakes import GatedEval, HangingEval, ThreadHangingEval, tiny_state_dict
-
-
-async def written_export(step: int, path: str) -> None:
-    Path(path, "model.safetensors").write_bytes(b"w")
+from .fakes import GatedEval, HangingEval, ThreadHangingEval, tiny_state_dict, written_export
 
 
 async def test_close_is_bounded_when_a_trio_eval_never_returns(

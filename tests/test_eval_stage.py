@@ -20,18 +20,14 @@ from actorsys import (
     RolloutFnEvalOutput,
 )
 
-from .fakes import HangingEval, SkippingEval, ThreadHangingEval
-
-
-async def noop_export(step: int, path: str) -> None:
-    Path(path, "model.safetensors").write_bytes(b"w")
+from .fakes import HangingEval, SkippingEval, ThreadHangingEval, written_export
 
 
 async def run_one(staging: Path, eval_fn: Any, **config: Any) -> MemorySink:
     sink = MemorySink()
     async with EvalSupervisor.open(EvalConfig(hf_dir=staging, **config), eval_fn=eval_fn,
                                    sink=sink) as sup:
-        await sup.submit(1, export=noop_export)
+        await sup.submit(1, export=written_export)
         await sup.drain()
     return sink
 
@@ -92,7 +88,7 @@ async def test_outcome_carries_the_eval_metrics_and_ours(
 ) -> None:
     sink = MemorySink()
     async with EvalSupervisor.open(EvalConfig(hf_dir=staging), eval_fn=Metrics(), sink=sink) as sup:
-        await sup.submit(10, export=noop_export)
+        await sup.submit(10, export=written_export)
         sup.note_step(14)
         await sup.drain()
     metrics = sink.outcomes[0].metrics
@@ -161,7 +157,7 @@ async def test_thread_eval_past_its_deadline_is_abandoned_not_waited_for(staging
     sink = MemorySink()
     async with EvalSupervisor.open(EvalConfig(hf_dir=staging, eval_timeout=0.05), eval_fn=eval_fn,
                                    sink=sink) as sup:
-        await sup.submit(1, export=noop_export)
+        await sup.submit(1, export=written_export)
         await sup.drain()
         assert sink.outcomes[0].reason == "timeout"
         report = await sup.aclose(timeout=1)

@@ -24,10 +24,12 @@ EXPECTED = {
     "RolloutFnEvalOutput",
     "RolloutFnTrainInput",
     "RolloutFnTrainOutput",
+    "SGLangEngine",
     "SubmitError",
     "SupervisorClosedError",
     "SupervisorGaveUpError",
     "SupervisorStatistics",
+    "VLLMEngine",
 }
 
 

@@ -17,7 +17,7 @@ from actorsys import (
     SupervisorGaveUpError,
 )
 
-from .fakes import FakeEngine, RecordingEval
+from .fakes import FakeEngine, RecordingEval, written_export
 
 
 class BuggyFleet(Fleet):
@@ -33,9 +33,6 @@ class BuggyFleet(Fleet):
             raise RuntimeError(f"bug while pinning {version}")
         await super().pin(path, version, retries=retries)
 
-
-async def written_export(step: int, path: str) -> None:
-    Path(path, "model.safetensors").write_bytes(b"w")
 
 
 async def test_crashed_actor_is_restarted_and_its_point_settles_crashed(

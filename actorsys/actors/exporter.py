@@ -33,7 +33,7 @@ async def run_exporter(
                     await _export(pipeline, point, limiter)
                 finally:
                     point.metrics[EXPORT_TIME_SECONDS] = trio.current_time() - started
-            point.weights = None
+            point.release_weights()
             pipeline.release(point, onward, Stage.PIN)
 
 
@@ -62,15 +62,19 @@ def _check_existing(pipeline: Pipeline, point: Point) -> None:
 async def _write(pipeline: Pipeline, point: Point, limiter: trio.CapacityLimiter) -> None:
     staging_dir = pipeline.staging_dir
     assert staging_dir is not None
-    tmp = staging.new_tmp_dir(staging_dir, point.step)
+    tmp: str | None = None
     try:
+        tmp = staging.new_tmp_dir(staging_dir, point.step)
         if point.source is Source.WEIGHTS:
-            weights = point.weights
+            weights, directory = point.weights, tmp
             assert weights is not None
             base = pipeline.config.base_checkpoint
             await run_blocking(
                 lambda: write_snapshot(
-                    weights, tmp, base_checkpoint=None if base is None else os.fspath(base)
+                    weights,
+                    directory,
+                    base_checkpoint=None if base is None else os.fspath(base),
+                    max_shard_size=pipeline.config.max_shard_size,
                 ),
                 abandon_on_cancel=True,
                 limiter=limiter,
@@ -89,5 +93,5 @@ async def _write(pipeline: Pipeline, point: Point, limiter: trio.CapacityLimiter
     except Exception as exc:
         pipeline.fail(point, "export_failed", f"{type(exc).__name__}: {exc}")
     finally:
-        if point.snapshot is None or not point.owned:
+        if tmp is not None and (point.snapshot is None or not point.owned):
             staging.discard(tmp)

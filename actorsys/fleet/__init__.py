@@ -1,11 +1,33 @@
-"""Inference fleets: the Engine protocol, Fleet, and the engine clients."""
+"""Inference fleets: the Engine protocol, Fleet, the engine clients, and local fleets.
 
+- :class:`SGLangEngine`: an sglang server, or the embedded CPU engine
+  (``python -m actorsys engine``), which speaks the same API subset.
+- :class:`VLLMEngine`: a vLLM OpenAI server with its weight-update endpoints.
+- :class:`~actorsys.fleet.local.LocalFleet`: engines (and sglang-router) started on loopback.
+"""
+
+from actorsys.fleet.completions import Completion, CompletionError, StaleWeightsError
 from actorsys.fleet.engine import (
+    CheckpointRejectedError,
     Engine,
     EngineUnhealthyError,
     Fleet,
     PinError,
     PinViolationError,
 )
+from actorsys.fleet.sglang import SGLangEngine
+from actorsys.fleet.vllm import VLLMEngine
 
-__all__ = ["Engine", "EngineUnhealthyError", "Fleet", "PinError", "PinViolationError"]
+__all__ = [
+    "CheckpointRejectedError",
+    "Completion",
+    "CompletionError",
+    "Engine",
+    "EngineUnhealthyError",
+    "Fleet",
+    "PinError",
+    "PinViolationError",
+    "SGLangEngine",
+    "StaleWeightsError",
+    "VLLMEngine",
+]

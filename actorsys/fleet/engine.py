@@ -7,13 +7,15 @@ engine was healthy, loaded the checkpoint, and *reads back* that version. An eng
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol, TypeVar, runtime_checkable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import httpx
 import trio
 
 from actorsys._errors import ActorsysError
+from actorsys.fleet._tls import ssl_context
+from actorsys.fleet.completions import Completion, complete
 
 T = TypeVar("T")
 
@@ -33,7 +35,11 @@ class Engine(Protocol):
         """Return if the engine can serve; raise if not."""
 
     async def load_weights(self, path: str, version: str) -> None:
-        """Load the checkpoint at ``path`` and label the loaded weights ``version``."""
+        """Load the checkpoint at ``path`` and label the loaded weights ``version``.
+
+        May raise a :class:`PinError` with its own reason (e.g.
+        :class:`CheckpointRejectedError`); any other exception makes the pin ``unhealthy``.
+        """
 
     async def weight_version(self) -> str | None:
         """The version label of the weights the engine serves now."""
@@ -66,10 +72,27 @@ class PinViolationError(PinError):
         self.actual = actual
 
 
+class CheckpointRejectedError(PinError):
+    """An engine refused the checkpoint (or it was found unloadable before any engine was
+    asked): missing, incomplete, corrupt, or not the served architecture. The engines keep
+    serving the weights they had."""
+
+    reason = "ckpt_missing"
+
+    def __init__(self, engine: str, path: str, message: str) -> None:
+        super().__init__(engine, f"rejected checkpoint {path}: {message}")
+        self.path = path
+
+
 class Fleet:
     """Engines that serve one model together, optionally behind a router at ``router_url``.
 
     A fleet is a leased resource: the supervisor never pins it while an evaluation runs on it.
+    An eval fn gets it as ``input.fleet``, pinned: ``version`` is the version every engine
+    read back, ``base_url`` / ``urls`` say where to send requests, and ``complete`` runs
+    completions with bounded concurrency and checks the version of each answer::
+
+        answers = await input.fleet.complete(prompts, max_tokens=32, temperature=0.0)
     """
 
     def __init__(self, engines: Sequence[Engine], *, router_url: str | None = None) -> None:
@@ -91,6 +114,56 @@ class Fleet:
 
     def __repr__(self) -> str:
         return f"Fleet({[e.name for e in self.engines]}, router_url={self.router_url!r})"
+
+    @property
+    def urls(self) -> list[str]:
+        """The base URLs of the engines that are reached over HTTP (those with a ``url``)."""
+        return [url for url in (getattr(e, "url", None) for e in self.engines) if url]
+
+    @property
+    def base_url(self) -> str | None:
+        """Where one sends requests to the whole fleet: the router, or the only engine's URL.
+        None for several engines without a router (use ``urls``)."""
+        if self.router_url is not None:
+            return self.router_url
+        urls = self.urls
+        return urls[0] if len(urls) == 1 and len(self.engines) == 1 else None
+
+    async def complete(
+        self,
+        prompts: Sequence[str],
+        *,
+        max_tokens: int = 64,
+        temperature: float = 0.0,
+        concurrency: int = 8,
+        request_timeout: float = 60.0,
+        check_version: bool = True,
+        model: str | None = None,
+        api_key: str | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> list[Completion]:
+        """Complete every prompt on this fleet; see :func:`actorsys.fleet.completions.complete`.
+
+        Requests go to the router if there is one, else round-robin over the engines. With
+        ``check_version``, an answer whose engine reports a version other than the pinned one
+        raises :class:`~actorsys.fleet.completions.StaleWeightsError` (the point is skipped as
+        ``pin_violation``). Runs under trio or asyncio; the caller's cancel scope bounds it.
+        """
+        targets = [self.router_url] if self.router_url is not None else self.urls
+        if not targets:
+            raise ValueError(f"{self!r} has no HTTP engine and no router_url to send requests to")
+        return await complete(
+            targets,
+            prompts,
+            expected_version=self.version if check_version else None,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            concurrency=concurrency,
+            request_timeout=request_timeout,
+            model=model,
+            api_key=api_key,
+            extra=extra,
+        )
 
     async def pin(self, path: str, version: str, *, retries: int = 0) -> None:
         """Pin every engine to the checkpoint at ``path``, labelled ``version``.
@@ -134,14 +207,17 @@ class Fleet:
                 nursery.start_soon(one, index, engine)
         if errors:
             engine, exc = errors[0]
+            if isinstance(exc, PinError):
+                raise exc
             raise EngineUnhealthyError(engine.name, f"{failure}: {exc!r}") from exc
         return [results[index] for index in range(len(self.engines))]
 
     async def _probe_router(self) -> None:
         assert self.router_url is not None
         try:
-            async with httpx.AsyncClient(timeout=10.0) as client:
+            async with httpx.AsyncClient(timeout=10.0, verify=ssl_context()) as client:
                 response = await client.get(f"{self.router_url}/health")
                 response.raise_for_status()
         except httpx.HTTPError as exc:
-            raise EngineUnhealthyError("router", f"{self.router_url} is not serving: {exc!r}") from exc
+            message = f"{self.router_url} is not serving: {exc!r}"
+            raise EngineUnhealthyError("router", message) from exc

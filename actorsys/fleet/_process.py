@@ -1,0 +1,129 @@
+"""Child processes that leave no orphans: each in its own process group, behind a reaper.
+
+``spawn`` starts ``_reaper.py`` in a new session; the reaper runs the command in that process
+group and kills the whole group when the owner dies (``PR_SET_PDEATHSIG``), so an engine and
+everything it started (vLLM's engine core, say) go away also when the owner crashes or is
+killed. ``ManagedProcess.stop`` is the orderly path: SIGTERM to the group, SIGKILL after a
+grace period.
+
+The kernel ties ``PR_SET_PDEATHSIG`` to the *thread* that forked, so ``spawn`` forks from the
+calling thread (the trio thread, which lives as long as its owner) and not from a worker
+thread the way ``trio.run_process`` does: a cached worker thread that exits after a few idle
+seconds would take the engine with it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+
+import trio
+
+REAPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_reaper.py")
+
+
+class ManagedProcess:
+    """A command running under its reaper, in a process group of its own."""
+
+    def __init__(self, name: str, popen: subprocess.Popen[bytes], log_path: str | None) -> None:
+        self.name = name
+        self.log_path = log_path
+        self._popen = popen
+        self.pid = popen.pid
+        self.pgid = popen.pid
+
+    def __repr__(self) -> str:
+        return f"ManagedProcess({self.name!r}, pid={self.pid}, returncode={self.returncode})"
+
+    @property
+    def returncode(self) -> int | None:
+        """None while the reaper runs, else its exit status (the command's, or -signal)."""
+        return self._popen.poll()
+
+    def command_pid(self) -> int | None:
+        """The pid of the command itself (the reaper's child), or None once it has ended."""
+        try:
+            with open(f"/proc/{self.pid}/task/{self.pid}/children", encoding="ascii") as f:
+                children = f.read().split()
+        except OSError:
+            return None
+        return int(children[0]) if children else None
+
+    def signal_group(self, signum: int) -> None:
+        """Send ``signum`` to every process of the group; nothing if it is gone."""
+        try:
+            os.killpg(self.pgid, signum)
+        except ProcessLookupError:
+            pass
+
+    async def wait(self) -> int:
+        """Block until the reaper has exited (and is reaped); return its status.
+
+        Waits on a pidfd, so it costs no thread and cancels at once.
+        """
+        if self.returncode is None:
+            fd = os.pidfd_open(self.pid)
+            try:
+                while self.returncode is None:
+                    await trio.lowlevel.wait_readable(fd)
+            finally:
+                os.close(fd)
+        status = self.returncode
+        assert status is not None
+        return status
+
+    async def stop(self, grace: float) -> None:
+        """SIGTERM the group, SIGKILL it after ``grace`` seconds; return once the reaper is
+        reaped. Shielded from cancellation: it always finishes, within about ``grace``."""
+        with trio.CancelScope(shield=True):
+            if self.returncode is None:
+                self.signal_group(signal.SIGTERM)
+                with trio.move_on_after(grace):
+                    await self.wait()
+            self.signal_group(signal.SIGKILL)
+            with trio.move_on_after(max(grace, 1.0)):
+                await self.wait()
+
+    def log_tail(self, size: int = 4000) -> str:
+        """The last ``size`` characters of the process's log, for error messages."""
+        if self.log_path is None:
+            return ""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - size))
+                return f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+
+def spawn(
+    name: str,
+    command: Sequence[str],
+    *,
+    log_path: str | None = None,
+    env: Mapping[str, str] | None = None,
+    grace: float = 5.0,
+    cwd: str | None = None,
+) -> ManagedProcess:
+    """Start ``command`` under a reaper in a new process group; output goes to ``log_path``.
+
+    Blocks the calling thread for the fork and exec (milliseconds). See the module docstring
+    for why it must be called from the thread that owns the process.
+    """
+    argv = [sys.executable, "-I", REAPER, str(os.getpid()), str(grace), "--", *command]
+    environment = dict(os.environ if env is None else env)
+    if log_path is not None:
+        with open(log_path, "ab") as log:
+            popen = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True, env=environment, cwd=cwd,
+            )
+    else:
+        popen = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, start_new_session=True, env=environment, cwd=cwd
+        )
+    return ManagedProcess(name, popen, log_path)

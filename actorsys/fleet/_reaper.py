@@ -1,0 +1,55 @@
+"""Guards one engine process so that it never outlives its owner.
+
+Run as a script (``python _reaper.py OWNER_PID GRACE -- COMMAND...``), never imported by the
+owner: it must start fast and light. It leads the process group the owner created for it and
+runs COMMAND in that group. It asks the kernel for SIGTERM when the owner's thread that
+started it ends (``PR_SET_PDEATHSIG``), which covers an owner that crashes or is killed; it then
+stops the whole group: SIGTERM, then SIGKILL after GRACE seconds. When COMMAND ends by itself,
+whatever it left in the group is stopped the same way and the reaper exits with its status.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+
+PR_SET_PDEATHSIG = 1
+
+
+def _stop_group(child: subprocess.Popen[bytes], grace: float) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    os.killpg(0, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(0, signal.SIGKILL)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 4 or argv[2] != "--":
+        print("usage: _reaper.py OWNER_PID GRACE -- COMMAND...", file=sys.stderr)
+        return 2
+    owner, grace, command = int(argv[0]), float(argv[1]), argv[3:]
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != owner:
+        return 1
+    child = subprocess.Popen(command)
+
+    def on_term(signum: int, frame: object) -> None:
+        _stop_group(child, grace)
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    status = child.wait()
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    os.killpg(0, signal.SIGTERM)
+    return status if status >= 0 else 128 - status
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

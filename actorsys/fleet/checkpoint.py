@@ -1,0 +1,204 @@
+"""Checks that a checkpoint directory can be loaded by an engine that serves another one.
+
+An engine asked to load a checkpoint that does not fit may die rather than refuse: vLLM's
+``reload_weights`` with a missing path or wrong shapes kills the server a moment later while
+``/health`` still answers 200. So a checkpoint is checked *before* any engine is asked to load
+it: the directory exists, carries the ``.complete`` marker where that is required, its config
+describes the same architecture as the served model, and every safetensors file has a readable
+header whose tensors fit in the file and match the served model's names and shapes.
+
+Only headers are read (a few KB per shard), never the tensor data.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from actorsys.staging import COMPLETE
+
+CONFIG = "config.json"
+INDEX = "model.safetensors.index.json"
+
+ARCHITECTURE_KEYS = (
+    "model_type",
+    "architectures",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "tie_word_embeddings",
+)
+"""Config keys that must agree for one checkpoint's weights to fit another's model."""
+
+DTYPE_BYTES = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2,
+    "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8,
+}
+MAX_HEADER_BYTES = 100 * 1024 * 1024
+
+
+class CheckpointMismatchError(ValueError):
+    """A checkpoint cannot be loaded in place of the served one. The message says why."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"{path}: {message}")
+        self.path = path
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    dtype: str
+    shape: tuple[int, ...]
+
+
+def read_config(path: str) -> dict[str, Any]:
+    """The parsed ``config.json`` of checkpoint ``path``."""
+    config_path = os.path.join(path, CONFIG)
+    try:
+        with open(config_path, encoding="utf-8") as f:
+            config = json.load(f)
+    except FileNotFoundError:
+        raise CheckpointMismatchError(path, f"has no {CONFIG}") from None
+    except (OSError, ValueError) as exc:
+        raise CheckpointMismatchError(path, f"{CONFIG} is unreadable: {exc}") from exc
+    if not isinstance(config, dict):
+        raise CheckpointMismatchError(path, f"{CONFIG} is not a JSON object")
+    return config
+
+
+def weight_files(path: str) -> list[str]:
+    """The safetensors files of checkpoint ``path`` (from its index when sharded)."""
+    index_path = os.path.join(path, INDEX)
+    if os.path.isfile(index_path):
+        try:
+            with open(index_path, encoding="utf-8") as f:
+                weight_map = json.load(f)["weight_map"]
+            names = sorted(set(weight_map.values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise CheckpointMismatchError(path, f"{INDEX} is unreadable: {exc!r}") from exc
+        missing = [n for n in names if not os.path.isfile(os.path.join(path, n))]
+        if missing:
+            raise CheckpointMismatchError(path, f"{INDEX} lists missing shards {missing}")
+    else:
+        names = sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))
+    if not names:
+        raise CheckpointMismatchError(path, "has no .safetensors weight files")
+    return [os.path.join(path, n) for n in names]
+
+
+def read_tensor_infos(path: str) -> dict[str, TensorInfo]:
+    """Name -> dtype and shape of every tensor in checkpoint ``path``, from the headers.
+
+    Raises :class:`CheckpointMismatchError` for a header that cannot be parsed or a tensor
+    whose bytes lie outside its file (a truncated or corrupt shard).
+    """
+    infos: dict[str, TensorInfo] = {}
+    for file in weight_files(path):
+        infos.update(_read_header(path, file))
+    return infos
+
+
+def _read_header(path: str, file: str) -> dict[str, TensorInfo]:
+    name = os.path.basename(file)
+    size = os.path.getsize(file)
+    with open(file, "rb") as f:
+        prefix = f.read(8)
+        if len(prefix) < 8:
+            raise CheckpointMismatchError(path, f"{name} is truncated ({size} bytes)")
+        (header_len,) = struct.unpack("<Q", prefix)
+        if header_len > min(MAX_HEADER_BYTES, size - 8):
+            raise CheckpointMismatchError(path, f"{name} is not a safetensors file (bad header)")
+        raw = f.read(header_len)
+    try:
+        header = json.loads(raw)
+        if not isinstance(header, dict):
+            raise ValueError("header is not a JSON object")
+    except ValueError as exc:
+        raise CheckpointMismatchError(path, f"{name} has a corrupt header: {exc}") from exc
+    data_bytes = size - 8 - header_len
+    infos = {}
+    for key, entry in header.items():
+        if key == "__metadata__":
+            continue
+        try:
+            dtype, shape = entry["dtype"], tuple(int(d) for d in entry["shape"])
+            begin, end = (int(o) for o in entry["data_offsets"])
+            expected = math.prod(shape) * DTYPE_BYTES[dtype]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointMismatchError(path, f"{name}: tensor {key!r} has a bad entry") from exc
+        if not 0 <= begin <= end <= data_bytes or end - begin != expected:
+            raise CheckpointMismatchError(
+                path, f"{name}: tensor {key!r} lies outside the file (truncated or corrupt)"
+            )
+        infos[key] = TensorInfo(dtype, shape)
+    return infos
+
+
+def architecture_differences(served: dict[str, Any], candidate: dict[str, Any]) -> list[str]:
+    """The architecture keys on which two configs disagree, as ``key: served != candidate``.
+
+    A key one of them leaves out (or null) is not compared: a config written from a model
+    built in code has no ``architectures``, and the tensor shapes are compared anyway.
+    """
+    return [
+        f"{key}: {served[key]!r} != {candidate[key]!r}"
+        for key in ARCHITECTURE_KEYS
+        if served.get(key) is not None
+        and candidate.get(key) is not None
+        and served[key] != candidate[key]
+    ]
+
+
+def check_checkpoint(
+    path: str,
+    *,
+    require_complete: bool,
+    served_config: dict[str, Any] | None = None,
+    served_tensors: dict[str, TensorInfo] | None = None,
+) -> dict[str, TensorInfo]:
+    """Check that ``path`` can replace the served weights; return its tensor infos.
+
+    ``served_config`` / ``served_tensors`` describe the model the engine serves; each check is
+    skipped when its reference is None. Raises :class:`CheckpointMismatchError` naming the
+    first problem found. Blocking (reads headers); a few milliseconds per shard.
+    """
+    if not os.path.isdir(path):
+        raise CheckpointMismatchError(path, "is not a directory")
+    if require_complete and not os.path.isfile(os.path.join(path, COMPLETE)):
+        raise CheckpointMismatchError(path, f"has no {COMPLETE} marker (still being written?)")
+    if served_config is not None:
+        differences = architecture_differences(served_config, read_config(path))
+        if differences:
+            raise CheckpointMismatchError(
+                path, "architecture differs from the served model: " + "; ".join(differences)
+            )
+    infos = read_tensor_infos(path)
+    if served_tensors is not None:
+        _compare_tensors(path, served_tensors, infos)
+    return infos
+
+
+def _compare_tensors(
+    path: str, served: dict[str, TensorInfo], candidate: dict[str, TensorInfo]
+) -> None:
+    missing = sorted(set(served) - set(candidate))
+    extra = sorted(set(candidate) - set(served))
+    if missing or extra:
+        raise CheckpointMismatchError(
+            path, f"tensor names differ from the served model: missing {missing[:5]}, "
+            f"unexpected {extra[:5]}"
+        )
+    for key, info in served.items():
+        if candidate[key].shape != info.shape:
+            raise CheckpointMismatchError(
+                path, f"tensor {key!r} has shape {list(candidate[key].shape)}, "
+                f"the served model has {list(info.shape)}"
+            )

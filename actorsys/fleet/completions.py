@@ -1,0 +1,190 @@
+"""Completions for eval fns: bounded concurrency, a deadline per request, a version check.
+
+An eval fn runs on a pinned fleet; ``await input.fleet.complete(prompts)`` sends one
+OpenAI-style ``/v1/completions`` request per prompt to the fleet's router (or round-robin over
+its engines) and returns the answers in prompt order. Engines that report the version of the
+weights behind an answer (sglang's ``metadata.weight_version``, the embedded engine) are held
+to the pinned version: a stale answer fails the evaluation as ``pin_violation``, because a
+score mixing two checkpoints is worse than no score.
+
+Written on anyio, so it runs in eval fns with ``runtime="trio"`` and ``runtime="asyncio"``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import httpx
+
+from actorsys._errors import ActorsysError
+from actorsys.contracts import EvalSkip
+from actorsys.fleet._tls import ssl_context
+
+
+class CompletionError(ActorsysError, EvalSkip):
+    """A completion request failed (no answer within its deadline, an error status, a
+    malformed body). Raised out of an eval fn it skips the point as ``unhealthy``."""
+
+    skip_reason = "unhealthy"
+
+    def __init__(self, url: str, index: int, message: str) -> None:
+        EvalSkip.__init__(self, self.skip_reason, f"prompt {index} at {url}: {message}")
+        self.url = url
+        self.index = index
+
+
+class StaleWeightsError(CompletionError):
+    """An engine answered with weights other than the pinned version: ``pin_violation``."""
+
+    skip_reason = "pin_violation"
+
+    def __init__(self, url: str, index: int, expected: str, actual: str) -> None:
+        message = f"answered with weight version {actual!r}; the fleet is pinned to {expected!r}"
+        super().__init__(url, index, message)
+        self.expected = expected
+        self.actual = actual
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One answer. ``weight_version`` is what the engine reported, None where it reports none."""
+
+    index: int
+    prompt: str
+    text: str
+    finish_reason: str | None
+    weight_version: str | None
+    url: str
+
+
+async def complete(
+    targets: Sequence[str],
+    prompts: Sequence[str],
+    *,
+    expected_version: str | None = None,
+    max_tokens: int = 64,
+    temperature: float = 0.0,
+    concurrency: int = 8,
+    request_timeout: float = 60.0,
+    model: str | None = None,
+    api_key: str | None = None,
+    extra: Mapping[str, Any] | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> list[Completion]:
+    """Complete ``prompts`` on the servers at ``targets`` (prompt ``i`` goes to
+    ``targets[i % len(targets)]``); return the answers in prompt order.
+
+    At most ``concurrency`` requests are in flight; each must be answered within
+    ``request_timeout`` seconds. The first failure cancels the other requests and raises
+    :class:`CompletionError` (or :class:`StaleWeightsError` when ``expected_version`` is given
+    and an engine reports another one). ``model`` defaults to the first id the first target
+    lists in ``/v1/models`` (a router needs one). ``extra`` is merged into every request body
+    (e.g. ``{"seed": 0, "top_p": 0.9}``). Blocks until every answer is in; cancelling it
+    closes the open connections.
+    """
+    if not targets:
+        raise ValueError("complete(targets): at least one server URL is required")
+    if isinstance(prompts, str):
+        raise TypeError("complete(prompts): pass a sequence of strings, not one string")
+    if not isinstance(concurrency, int) or concurrency < 1:
+        raise ValueError(f"complete(concurrency): expected an integer >= 1, got {concurrency!r}")
+    if not request_timeout > 0:
+        raise ValueError(
+            f"complete(request_timeout): expected seconds > 0, got {request_timeout!r}"
+        )
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    results: list[Completion | None] = [None] * len(prompts)
+    failure: list[CompletionError] = []
+    limiter = anyio.Semaphore(concurrency)
+
+    async with httpx.AsyncClient(
+        headers=headers,
+        timeout=request_timeout,
+        transport=transport,
+        limits=httpx.Limits(max_connections=concurrency),
+        verify=ssl_context(),
+    ) as client:
+        if model is None:
+            with anyio.move_on_after(request_timeout):
+                model = await _served_model(client, targets[0].rstrip("/"))
+        bodies = [
+            {
+                **({"model": model} if model is not None else {}),
+                "prompt": prompt,
+                "max_tokens": max_tokens,
+                "temperature": temperature,
+                **(extra or {}),
+            }
+            for prompt in prompts
+        ]
+
+        async def one(index: int, task_group: anyio.abc.TaskGroup) -> None:
+            url = targets[index % len(targets)].rstrip("/")
+            async with limiter:
+                try:
+                    with anyio.fail_after(request_timeout):
+                        answer = await _request(client, url, index, bodies[index])
+                    if (
+                        expected_version is not None
+                        and answer.weight_version is not None
+                        and answer.weight_version != expected_version
+                    ):
+                        raise StaleWeightsError(url, index, expected_version, answer.weight_version)
+                    results[index] = answer
+                except TimeoutError:
+                    failure.append(
+                        CompletionError(url, index, f"no answer within {request_timeout} s")
+                    )
+                    task_group.cancel_scope.cancel()
+                except CompletionError as exc:
+                    failure.append(exc)
+                    task_group.cancel_scope.cancel()
+
+        async with anyio.create_task_group() as task_group:
+            for index in range(len(bodies)):
+                task_group.start_soon(one, index, task_group)
+    if failure:
+        raise failure[0]
+    return [answer for answer in results if answer is not None]
+
+
+async def _served_model(client: httpx.AsyncClient, url: str) -> str | None:
+    try:
+        response = await client.get(f"{url}/v1/models")
+        model = response.json()["data"][0]["id"]
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+        return None
+    return model if isinstance(model, str) else None
+
+
+async def _request(
+    client: httpx.AsyncClient, url: str, index: int, body: dict[str, Any]
+) -> Completion:
+    try:
+        response = await client.post(f"{url}/v1/completions", json=body)
+    except httpx.TimeoutException:
+        raise TimeoutError from None
+    except httpx.HTTPError as exc:
+        raise CompletionError(url, index, f"request failed: {exc!r}") from exc
+    if response.status_code != 200:
+        raise CompletionError(url, index, f"HTTP {response.status_code}: {response.text[:300]}")
+    try:
+        payload = response.json()
+        choice = payload["choices"][0]
+        text = choice["text"]
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        message = f"malformed completion body: {response.text[:300]}"
+        raise CompletionError(url, index, message) from exc
+    metadata = payload.get("metadata")
+    version = metadata.get("weight_version") if isinstance(metadata, dict) else None
+    return Completion(
+        index=index,
+        prompt=body["prompt"],
+        text=text,
+        finish_reason=choice.get("finish_reason"),
+        weight_version=None if version is None else str(version),
+        url=url,
+    )

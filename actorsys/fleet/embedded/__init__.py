@@ -1,0 +1,6 @@
+"""The embedded CPU engine: a transformers model served over the sglang API subset.
+
+Start one with ``python -m actorsys engine --model DIR --port P``; reach it with
+:class:`actorsys.SGLangEngine`. It starts in seconds and is the default fleet of the demo and
+of the tests; vLLM and sglang are the production fleets behind the same clients.
+"""

@@ -1,0 +1,276 @@
+"""The embedded engine's HTTP server: the sglang API subset over a :class:`ModelHost`.
+
+Endpoints: ``/health``, ``/health_generate``, ``/update_weights_from_disk``, ``/model_info``
+(and ``/get_model_info``, ``/get_weight_version``, ``/v1/models``), ``/generate`` and
+``/v1/completions``. Requests that arrive together are generated in one batch; a weight load
+waits for the running batch, and no batch starts until the load is done (the engine pauses
+the way vLLM's ``/pause?mode=wait`` does), so every answer comes from one checkpoint and is
+stamped with its version (``meta_info.weight_version`` / ``metadata.weight_version``).
+
+Written on anyio: the engine process serves it on asyncio with hypercorn (whose trio worker
+can crash the whole server when a connection closes while a response is being sent on it,
+which sglang-router's HTTP/2 traffic triggers), and the tests drive it in process under trio.
+Model work runs in a worker thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from actorsys.fleet.checkpoint import CheckpointMismatchError
+from actorsys.fleet.embedded.model import GenerationRequest, GenerationResult, ModelHost
+from actorsys.fleet.embedded.requests import BadRequest, completion_requests, generate_requests
+
+log = logging.getLogger("actorsys.engine")
+
+
+class GenerationFailed(RuntimeError):
+    """The model raised while generating a batch (answered as HTTP 500)."""
+
+
+@dataclass(eq=False)
+class _Job:
+    """A group of sequences answered together (one HTTP request), always in one batch."""
+
+    requests: list[GenerationRequest]
+    done: anyio.Event = field(default_factory=anyio.Event)
+    results: list[GenerationResult] = field(default_factory=list)
+    error: str | None = None
+
+
+class EmbeddedEngine:
+    """The serving state of one engine: the model host, its lock, the batch queue.
+
+    ``run`` must be running (in a nursery) for generation to make progress.
+    """
+
+    def __init__(
+        self,
+        host: ModelHost,
+        *,
+        max_batch: int = 16,
+        require_complete: bool = False,
+        served_model_name: str | None = None,
+    ) -> None:
+        self.host = host
+        self.max_batch = max_batch
+        self.require_complete = require_complete
+        self.served_model_name = served_model_name or host.model_dir
+        self.lock = anyio.Lock()
+        self._send, self._receive = anyio.create_memory_object_stream[_Job](math.inf)
+
+    def close(self) -> None:
+        """Let ``run`` return once the queued jobs are done; no job can be queued after."""
+        self._send.close()
+
+    async def run(self) -> None:
+        """Take the queued jobs, as many as fit in ``max_batch`` sequences, and generate them
+        in one batch, until ``close``. Cancelling it stops generation (waiting requests never
+        end)."""
+        while True:
+            try:
+                jobs = [await self._receive.receive()]
+            except anyio.EndOfStream:
+                return
+            size = len(jobs[0].requests)
+            while size < self.max_batch:
+                try:
+                    job = self._receive.receive_nowait()
+                except anyio.WouldBlock:
+                    break
+                jobs.append(job)
+                size += len(job.requests)
+            batch = [request for job in jobs for request in job.requests]
+            try:
+                async with self.lock:
+                    results = await anyio.to_thread.run_sync(self.host.generate, batch)
+            except Exception as exc:
+                log.exception("generation failed")
+                for job in jobs:
+                    job.error = f"generation failed: {exc!r}"
+                    job.done.set()
+                continue
+            offset = 0
+            for job in jobs:
+                job.results = results[offset : offset + len(job.requests)]
+                offset += len(job.requests)
+                job.done.set()
+
+    async def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        """Queue ``requests`` as one group and wait for their results. Raises
+        :class:`GenerationFailed` if the model raised on their batch."""
+        job = _Job(list(requests))
+        self._send.send_nowait(job)
+        await job.done.wait()
+        if job.error is not None:
+            raise GenerationFailed(job.error)
+        return job.results
+
+    async def load(self, path: str, version: str | None, require_complete: bool) -> None:
+        """Swap in the weights at ``path`` once the running batch is done. Raises
+        :class:`CheckpointMismatchError` (the served weights are then unchanged)."""
+        async with self.lock:
+            await anyio.to_thread.run_sync(
+                lambda: self.host.load(path, version, require_complete=require_complete)
+            )
+
+    def app(self) -> Starlette:
+        routes = [
+            Route("/health", self._health, methods=["GET"]),
+            Route("/health_generate", self._health_generate, methods=["GET"]),
+            Route("/update_weights_from_disk", self._update_weights, methods=["POST"]),
+            Route("/model_info", self._model_info, methods=["GET"]),
+            Route("/get_model_info", self._model_info, methods=["GET"]),
+            Route("/get_weight_version", self._weight_version, methods=["GET"]),
+            Route("/server_info", self._server_info, methods=["GET"]),
+            Route("/get_server_info", self._server_info, methods=["GET"]),
+            Route("/v1/models", self._models, methods=["GET"]),
+            Route("/generate", self._generate, methods=["POST"]),
+            Route("/v1/completions", self._completions, methods=["POST"]),
+        ]
+        return Starlette(routes=routes, exception_handlers={GenerationFailed: _failed})
+
+    async def _health(self, request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok"})
+
+    async def _health_generate(self, request: Request) -> JSONResponse:
+        ids = [self.host.pad_id]
+        await self.generate([GenerationRequest(input_ids=ids, max_new_tokens=1)])
+        return JSONResponse({"status": "ok"})
+
+    async def _model_info(self, request: Request) -> JSONResponse:
+        return JSONResponse(
+            {
+                "model_path": self.host.model_path,
+                "tokenizer_path": self.host.model_dir,
+                "is_generation": True,
+                "weight_version": self.host.version,
+            }
+        )
+
+    async def _server_info(self, request: Request) -> JSONResponse:
+        return JSONResponse(
+            {
+                "model_path": self.host.model_dir,
+                "tokenizer_path": self.host.model_dir,
+                "served_model_name": self.served_model_name,
+                "max_batch": self.max_batch,
+                "weight_version": self.host.version,
+            }
+        )
+
+    async def _weight_version(self, request: Request) -> JSONResponse:
+        return JSONResponse({"weight_version": self.host.version})
+
+    async def _models(self, request: Request) -> JSONResponse:
+        model = {
+            "id": self.served_model_name,
+            "object": "model",
+            "root": self.host.model_dir,
+            "owned_by": "actorsys",
+            "max_model_len": self.host.max_positions,
+        }
+        return JSONResponse({"object": "list", "data": [model]})
+
+    async def _update_weights(self, request: Request) -> JSONResponse:
+        try:
+            body = await _json_body(request)
+            path = body.get("model_path")
+            if not isinstance(path, str) or not path:
+                raise BadRequest("model_path: expected the checkpoint directory as a string")
+            version = body.get("weight_version")
+            if version is not None and not isinstance(version, str):
+                raise BadRequest("weight_version: expected a string or null")
+            require = body.get("require_complete", self.require_complete)
+            if not isinstance(require, bool):
+                raise BadRequest("require_complete: expected true or false")
+            await self.load(path, version, require)
+        except (BadRequest, CheckpointMismatchError) as exc:
+            log.warning("refused to load weights: %s", exc)
+            return JSONResponse({"success": False, "message": str(exc)}, status_code=400)
+        log.info("loaded %s as version %s", path, self.host.version)
+        message = "Succeeded to update model weights."
+        return JSONResponse({"success": True, "message": message, "num_paused_requests": 0})
+
+    async def _generate(self, request: Request) -> JSONResponse:
+        try:
+            body = await _json_body(request)
+            requests, single = generate_requests(body, self.host)
+        except BadRequest as exc:
+            return JSONResponse({"error": {"message": str(exc)}}, status_code=400)
+        results = await self.generate(requests)
+        answers = [
+            {
+                "text": self.host.decode(result.output_ids),
+                "output_ids": result.output_ids,
+                "meta_info": {
+                    "id": uuid.uuid4().hex,
+                    "prompt_tokens": len(req.input_ids),
+                    "completion_tokens": len(result.output_ids),
+                    "finish_reason": {"type": result.finish_reason},
+                    "weight_version": result.weight_version,
+                },
+            }
+            for req, result in zip(requests, results, strict=True)
+        ]
+        return JSONResponse(answers[0] if single else answers)
+
+    async def _completions(self, request: Request) -> JSONResponse:
+        try:
+            body = await _json_body(request)
+            requests = completion_requests(body, self.host)
+        except BadRequest as exc:
+            return JSONResponse({"error": {"message": str(exc)}}, status_code=400)
+        results = await self.generate(requests)
+        choices = [
+            {
+                "index": index,
+                "text": self.host.decode(result.output_ids),
+                "finish_reason": result.finish_reason,
+                "logprobs": None,
+            }
+            for index, result in enumerate(results)
+        ]
+        prompt_tokens = sum(len(r.input_ids) for r in requests)
+        completion_tokens = sum(len(r.output_ids) for r in results)
+        return JSONResponse(
+            {
+                "id": f"cmpl-{uuid.uuid4().hex}",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": body.get("model") or self.served_model_name,
+                "choices": choices,
+                "usage": {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": completion_tokens,
+                    "total_tokens": prompt_tokens + completion_tokens,
+                },
+                "metadata": {"weight_version": results[0].weight_version if results else None},
+            }
+        )
+
+
+async def _failed(request: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse({"error": {"message": str(exc)}}, status_code=500)
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except ValueError as exc:
+        raise BadRequest(f"the body is not JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object")
+    return body

@@ -1,0 +1,231 @@
+"""LocalFleet: N engines on loopback, optionally behind sglang-router, started and stopped here.
+
+Example::
+
+    async with LocalFleet.open([embedded(model_dir)] * 2, router=True) as local:
+        async with EvalSupervisor.open(config, eval_fn=MyEval(), fleet=local.fleet) as sup:
+            ...
+
+Each engine gets a free port and a log file, and is up once ``GET /health`` answers 200.
+Every process runs under a reaper in its own process group (see ``_process``), so leaving the
+block, a cancellation, or the owner's crash stops them all: SIGTERM, then SIGKILL after
+``grace`` seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import httpx
+import trio
+
+from actorsys.fleet._process import ManagedProcess, spawn
+from actorsys.fleet._tls import ssl_context
+from actorsys.fleet.engine import Engine, Fleet
+from actorsys.fleet.sglang import SGLangEngine
+from actorsys.fleet.vllm import VLLMEngine
+
+HEALTH_POLL_INTERVAL = 0.25
+VLLM_PYTHON = ".venv-vllm/bin/python"
+
+
+class FleetStartError(RuntimeError):
+    """A process of a local fleet did not come up; the message holds its log's tail."""
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """How to start one engine: its command for a given port, its environment, its client."""
+
+    kind: str
+    command: Callable[[int], list[str]]
+    client: Callable[[str, str], Engine]
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+def embedded(model_dir: str, *, extra_args: Sequence[str] = (), threads: int = 1) -> EngineSpec:
+    """The embedded CPU engine serving ``model_dir`` (``extra_args`` go to its command line)."""
+    model_dir = os.path.abspath(model_dir)
+    return EngineSpec(
+        kind="embedded",
+        command=lambda port: [
+            sys.executable, "-m", "actorsys", "engine", "--model", model_dir,
+            "--host", "127.0.0.1", "--port", str(port), "--threads", str(threads), *extra_args,
+        ],
+        client=lambda url, name: SGLangEngine(url, name=name),
+    )
+
+
+def vllm(
+    model_dir: str,
+    *,
+    python: str = VLLM_PYTHON,
+    max_model_len: int = 512,
+    kv_cache_bytes: int = 64 * 1024 * 1024,
+    extra_args: Sequence[str] = (),
+) -> EngineSpec:
+    """A vLLM OpenAI server on the CPU serving ``model_dir``, from the venv of ``python``
+    (``scripts/setup_vllm.sh`` makes ``.venv-vllm``), with the weight-update endpoints on."""
+    model_dir = os.path.abspath(model_dir)
+    return EngineSpec(
+        kind="vllm",
+        command=lambda port: [
+            os.path.abspath(python), "-m", "vllm.entrypoints.openai.api_server",
+            "--model", model_dir, "--host", "127.0.0.1", "--port", str(port),
+            "--dtype", "float32", "--max-model-len", str(max_model_len), "--enforce-eager",
+            "--kv-cache-memory-bytes", str(kv_cache_bytes), *extra_args,
+        ],
+        client=lambda url, name: VLLMEngine(url, name=name, served_model_dir=model_dir),
+        env={"VLLM_SERVER_DEV_MODE": "1"},
+    )
+
+
+@dataclass
+class LocalEngine:
+    name: str
+    spec: EngineSpec
+    port: int
+    process: ManagedProcess
+    client: Engine
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+class LocalFleet:
+    """Processes of one local fleet. ``fleet`` is the :class:`Fleet` of their clients."""
+
+    def __init__(self, log_dir: str, grace: float, startup_timeout: float) -> None:
+        self.log_dir = log_dir
+        self.grace = grace
+        self.startup_timeout = startup_timeout
+        self.engines: list[LocalEngine] = []
+        self.router: ManagedProcess | None = None
+        self.router_url: str | None = None
+        self.fleet: Fleet
+
+    @classmethod
+    @asynccontextmanager
+    async def open(
+        cls,
+        specs: Sequence[EngineSpec],
+        *,
+        router: bool = False,
+        log_dir: str | None = None,
+        grace: float = 5.0,
+        startup_timeout: float = 120.0,
+    ) -> AsyncIterator[LocalFleet]:
+        """Start one engine per spec (and the router), wait until all are healthy, yield.
+
+        Raises :class:`FleetStartError` if one exits or is not healthy within
+        ``startup_timeout`` seconds; whatever was started is stopped first. Logs go to
+        ``log_dir`` (default: a temporary directory, removed afterwards).
+        """
+        if not specs:
+            raise ValueError("LocalFleet.open(specs): at least one engine spec is required")
+        own_logs = log_dir is None
+        directory = tempfile.mkdtemp(prefix="actorsys-fleet-") if log_dir is None else log_dir
+        os.makedirs(directory, exist_ok=True)
+        local = cls(directory, grace, startup_timeout)
+        try:
+            for index, spec in enumerate(specs):
+                local.engines.append(local._start_engine(f"{spec.kind}-{index}", spec))
+            for engine in local.engines:
+                await local._wait_healthy(engine.process, engine.url)
+            if router:
+                await local._start_router()
+            local.fleet = Fleet([e.client for e in local.engines], router_url=local.router_url)
+            yield local
+        finally:
+            await local.aclose()
+            if own_logs:
+                shutil.rmtree(directory, ignore_errors=True)
+
+    @property
+    def urls(self) -> list[str]:
+        return [engine.url for engine in self.engines]
+
+    def _start_engine(self, name: str, spec: EngineSpec, port: int | None = None) -> LocalEngine:
+        port = free_port() if port is None else port
+        process = spawn(
+            name,
+            spec.command(port),
+            log_path=os.path.join(self.log_dir, f"{name}.log"),
+            env={**os.environ, **spec.env},
+            grace=self.grace,
+        )
+        url = f"http://127.0.0.1:{port}"
+        return LocalEngine(name, spec, port, process, spec.client(url, name))
+
+    async def _start_router(self) -> None:
+        port, metrics_port = free_port(), free_port()
+        command = [
+            sys.executable, "-m", "sglang_router.launch_router",
+            "--host", "127.0.0.1", "--port", str(port),
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
+            "--policy", "round_robin", "--log-level", "warn",
+            "--worker-urls", *self.urls,
+        ]
+        self.router = spawn(
+            "router", command, log_path=os.path.join(self.log_dir, "router.log"), grace=self.grace
+        )
+        self.router_url = f"http://127.0.0.1:{port}"
+        await self._wait_healthy(self.router, self.router_url)
+
+    async def restart(self, index: int, spec: EngineSpec | None = None) -> None:
+        """Stop engine ``index`` (if it still runs) and start it again on the same port, with
+        the same client (and ``spec``, if given, in place of its own); return once it is
+        healthy. Its weights are the initial ones again."""
+        engine = self.engines[index]
+        await engine.process.stop(self.grace)
+        if spec is not None:
+            engine.spec = spec
+        restarted = self._start_engine(engine.name, engine.spec, engine.port)
+        engine.process = restarted.process
+        await self._wait_healthy(engine.process, engine.url)
+
+    async def _wait_healthy(self, process: ManagedProcess, url: str) -> None:
+        with trio.move_on_after(self.startup_timeout):
+            async with httpx.AsyncClient(timeout=5.0, verify=ssl_context()) as client:
+                while process.returncode is None:
+                    try:
+                        response = await client.get(f"{url}/health")
+                        if response.status_code == 200:
+                            return
+                    except httpx.HTTPError:
+                        pass
+                    await trio.sleep(HEALTH_POLL_INTERVAL)
+                raise FleetStartError(
+                    f"{process.name} exited with status {process.returncode} before it was "
+                    f"healthy; log tail:\n{process.log_tail()}"
+                )
+        raise FleetStartError(
+            f"{process.name} was not healthy at {url} within {self.startup_timeout} s; "
+            f"log tail:\n{process.log_tail()}"
+        )
+
+    async def aclose(self) -> None:
+        """Stop the router and every engine (SIGTERM, SIGKILL after ``grace``), in parallel.
+        Shielded: returns within about ``grace`` seconds even when cancelled."""
+        with trio.CancelScope(shield=True):
+            async with trio.open_nursery() as nursery:
+                if self.router is not None:
+                    nursery.start_soon(self.router.stop, self.grace)
+                for engine in self.engines:
+                    nursery.start_soon(engine.process.stop, self.grace)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (another process may take it
+    before it is used; a clash shows up as an engine that exits at start)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

@@ -1,0 +1,189 @@
+"""VLLMEngine: the client of one vLLM OpenAI server started with ``VLLM_SERVER_DEV_MODE=1``.
+
+Pin sequence: check the checkpoint here, then ``POST /pause?mode=wait`` (in-flight requests
+finish on the old weights, none starts), ``POST /collective_rpc`` ``reload_weights``,
+``POST /update_weight_version``, ``POST /resume``; the version is read from
+``GET /weight_info``. Without the pause, answers in flight during a reload mix tokens of both
+checkpoints.
+
+vLLM does not refuse a checkpoint it cannot load: the reload fails inside the engine and the
+server dies a moment later, while ``/health`` still answers 200. So the checkpoint is checked
+before vLLM sees it (it exists, is complete where required, has the served architecture, and
+its safetensors headers are whole and match the served model's tensors); the served model is
+found through ``/v1/models`` unless ``served_model_dir`` is given.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import httpx
+import trio
+
+from actorsys.fleet._http import HttpEngine, json_object
+from actorsys.fleet.checkpoint import (
+    CheckpointMismatchError,
+    TensorInfo,
+    check_checkpoint,
+    read_config,
+    read_tensor_infos,
+)
+from actorsys.fleet.engine import CheckpointRejectedError, EngineUnhealthyError
+
+log = logging.getLogger("actorsys.fleet")
+
+DEV_MODE_HINT = "start vLLM with VLLM_SERVER_DEV_MODE=1 to enable the weight-update endpoints"
+
+
+class VLLMEngine(HttpEngine):
+    """One vLLM server at ``url``.
+
+    ``served_model_dir``: the checkpoint the server was started from, as this process sees it
+    (default: the ``root`` vLLM reports in ``/v1/models``); if it cannot be read here, only the
+    checks that need no reference run. ``require_complete``: refuse checkpoints without the
+    ``.complete`` marker. Every method blocks on the server; the caller's cancel scope bounds
+    it, and cancelling closes the connection (a cancelled load still tries, shielded and
+    within ``request_timeout``, to resume the server).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        name: str | None = None,
+        api_key: str | None = None,
+        served_model_dir: str | None = None,
+        require_complete: bool = False,
+        request_timeout: float = 30.0,
+        load_timeout: float = 600.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        super().__init__(
+            url,
+            name=name,
+            api_key=api_key,
+            request_timeout=request_timeout,
+            load_timeout=load_timeout,
+            transport=transport,
+        )
+        self.served_model_dir = served_model_dir
+        self.require_complete = require_complete
+        self._reference: tuple[dict[str, Any] | None, dict[str, TensorInfo] | None] | None = None
+
+    async def health(self) -> None:
+        """Return if ``GET /health`` answers 200; raise :class:`EngineUnhealthyError` if the
+        connection is refused or the answer is another status."""
+        response = await self._probe("/health")
+        if response.status_code != 200:
+            raise self._unexpected("GET", "/health", response)
+
+    async def load_weights(self, path: str, version: str) -> None:
+        """Check ``path``, then pause, reload, label and resume the server.
+
+        Raises :class:`CheckpointRejectedError` (before vLLM is asked anything) if the
+        checkpoint cannot replace the served one, :class:`EngineUnhealthyError` if a step is
+        refused. Connection errors and 5xx of the pause, label and resume steps are retried
+        until the caller's deadline; a 5xx of the reload itself is not (it is a failed load).
+        """
+        await self._check(path)
+        await self._post("/pause", params={"mode": "wait"})
+        try:
+            await self._post(
+                "/collective_rpc",
+                json={"method": "reload_weights", "kwargs": {"weights_path": path}},
+                seconds=self.load_timeout,
+                retry_server_errors=False,
+            )
+            await self._post("/update_weight_version", json={"new_version": version})
+        except BaseException:
+            with trio.CancelScope(shield=True), trio.move_on_after(self.request_timeout):
+                try:
+                    await self._post("/resume")
+                except EngineUnhealthyError:
+                    log.warning("%s: could not resume after a failed load", self.name)
+            raise
+        await self._post("/resume")
+
+    async def weight_version(self) -> str | None:
+        """The label of the served weights from ``GET /weight_info`` (``"default"`` until the
+        first load)."""
+        response = await self._until_answered("GET", "/weight_info")
+        if response.status_code == 404:
+            raise EngineUnhealthyError(self.name, f"has no /weight_info: {DEV_MODE_HINT}")
+        if response.status_code != 200:
+            raise self._unexpected("GET", "/weight_info", response)
+        version = json_object(response).get("weight_version")
+        return None if version is None else str(version)
+
+    async def _post(
+        self,
+        path: str,
+        *,
+        json: Any = None,
+        params: dict[str, str] | None = None,
+        seconds: float | None = None,
+        retry_server_errors: bool = True,
+    ) -> None:
+        response = await self._until_answered(
+            "POST",
+            path,
+            json=json,
+            params=params,
+            seconds=seconds,
+            retry_server_errors=retry_server_errors,
+        )
+        if response.status_code == 404:
+            raise EngineUnhealthyError(self.name, f"has no POST {path}: {DEV_MODE_HINT}")
+        if response.status_code != 200:
+            raise self._unexpected("POST", path, response)
+
+    async def _check(self, path: str) -> None:
+        config, tensors = await self._served_reference()
+        try:
+            await trio.to_thread.run_sync(
+                lambda: check_checkpoint(
+                    path,
+                    require_complete=self.require_complete,
+                    served_config=config,
+                    served_tensors=tensors,
+                )
+            )
+        except CheckpointMismatchError as exc:
+            raise CheckpointRejectedError(self.name, path, str(exc)) from exc
+
+    async def _served_reference(
+        self,
+    ) -> tuple[dict[str, Any] | None, dict[str, TensorInfo] | None]:
+        if self._reference is None:
+            served = self.served_model_dir or await self._served_root()
+            self._reference = await trio.to_thread.run_sync(self._read_reference, served)
+        return self._reference
+
+    def _read_reference(
+        self, served: str | None
+    ) -> tuple[dict[str, Any] | None, dict[str, TensorInfo] | None]:
+        if served is None or not os.path.isdir(served):
+            log.warning(
+                "%s: served model dir %r is not readable here; checkpoints are checked without "
+                "comparing them to it",
+                self.name,
+                served,
+            )
+            return None, None
+        try:
+            return read_config(served), read_tensor_infos(served)
+        except CheckpointMismatchError as exc:
+            log.warning("%s: served model %s is unreadable here: %s", self.name, served, exc)
+            return None, None
+
+    async def _served_root(self) -> str | None:
+        response = await self._until_answered("GET", "/v1/models")
+        if response.status_code != 200:
+            return None
+        data = json_object(response).get("data")
+        if isinstance(data, list) and data and isinstance(data[0], dict):
+            root = data[0].get("root")
+            return root if isinstance(root, str) else None
+        return None

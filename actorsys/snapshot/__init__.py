@@ -1,0 +1,52 @@
+"""Snapshots: weights captured at submit, written in the background as HF checkpoints.
+
+``capture`` runs in the caller's thread: one copy of the state dict into a CPU buffer set
+leased from a :class:`BufferPool` (pinned when the weights live on CUDA). ``write_snapshot``
+runs in a worker thread: safetensors shards (+ index), config, generation config and the
+non-weight files of ``base_checkpoint``, every file fsync'd. ``CapturedWeights.release``
+returns the buffers to the pool, once no writer reads them any more.
+"""
+
+from actorsys.snapshot._capture import CapturedWeights, WeightsReleasedError, capture
+from actorsys.snapshot._pool import BufferLease, BufferPool, PoolStatistics
+from actorsys.snapshot._state import Source, StatePlan, plan_state
+from actorsys.snapshot._write import (
+    CONFIG_NAME,
+    DEFAULT_MAX_SHARD_SIZE,
+    INDEX_NAME,
+    NON_WEIGHT_SUFFIXES,
+    WEIGHTS_NAME,
+    copy_non_weight_files,
+    write_snapshot,
+    write_weights,
+)
+
+WEIGHT_FILE = WEIGHTS_NAME
+
+
+def weights_nbytes(source: Source) -> int:
+    """Bytes of tensor data a snapshot of ``source`` writes (tied duplicates counted once)."""
+    return plan_state(source).nbytes
+
+
+__all__ = [
+    "CONFIG_NAME",
+    "DEFAULT_MAX_SHARD_SIZE",
+    "INDEX_NAME",
+    "NON_WEIGHT_SUFFIXES",
+    "WEIGHTS_NAME",
+    "WEIGHT_FILE",
+    "BufferLease",
+    "BufferPool",
+    "CapturedWeights",
+    "PoolStatistics",
+    "Source",
+    "StatePlan",
+    "WeightsReleasedError",
+    "capture",
+    "copy_non_weight_files",
+    "plan_state",
+    "weights_nbytes",
+    "write_snapshot",
+    "write_weights",
+]

@@ -1,0 +1,189 @@
+"""The weights of one point, copied to CPU at submit, and who may read them until when."""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from actorsys.snapshot._pool import BufferLease
+from actorsys.snapshot._state import Source, aligned, plan_state, tensor_nbytes
+
+
+class WeightsReleasedError(RuntimeError):
+    """The weights were released while (or before) a writer read them: the export was
+    abandoned, and its buffers may already hold another point's weights."""
+
+
+class CapturedWeights:
+    """A CPU copy of one point's weights, in a buffer set leased until ``release``.
+
+    ``tensors`` are views into the leased set, in state-dict order. ``config`` and
+    ``generation_config`` are copies of a transformers model's own, taken at capture (None for
+    other sources); ``converter`` is the model when transformers must revert weight
+    conversions on save (MoE experts fused at load), else None.
+
+    The set goes back to the pool when the point released the weights *and* no writer reads
+    them (``reading``), whichever comes last, so a write thread abandoned at a timeout never
+    reads memory already handed to another point: it sees ``WeightsReleasedError`` at its
+    next chunk and stops.
+    """
+
+    def __init__(
+        self,
+        tensors: dict[str, torch.Tensor],
+        *,
+        nbytes: int,
+        lease: BufferLease | None = None,
+        config: Any = None,
+        generation_config: Any = None,
+        num_parameters: int | None = None,
+        converter: torch.nn.Module | None = None,
+    ) -> None:
+        self.tensors = tensors
+        self.nbytes = nbytes
+        self.config = config
+        self.generation_config = generation_config
+        if num_parameters is None:
+            num_parameters = sum(t.numel() for t in tensors.values())
+        self.num_parameters = num_parameters
+        self.converter = converter
+        self._lease = lease
+        self._lock = threading.Lock()
+        self._readers = 0
+        self._released = False
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def release(self) -> None:
+        """The point is done with these weights. Non-blocking, idempotent, any thread."""
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
+            last = self._readers == 0
+        if last:
+            self._give_back()
+
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        """Hold the buffers for a writer. Raises ``WeightsReleasedError`` if already released."""
+        with self._lock:
+            if self._released:
+                raise WeightsReleasedError("the weights were released before the write started")
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._readers -= 1
+                last = self._released and self._readers == 0
+            if last:
+                self._give_back()
+
+    def check_live(self) -> None:
+        """Raise ``WeightsReleasedError`` once the weights were released (the write is unwanted)."""
+        if self._released:
+            raise WeightsReleasedError("the weights were released during the write")
+
+    def _give_back(self) -> None:
+        self.tensors = {}
+        if self._lease is not None:
+            self._lease.give_back()
+
+
+def capture(source: Source, *, buffers: BufferLease | None = None) -> CapturedWeights:
+    """Copy ``source``'s tensors into CPU memory the pipeline owns.
+
+    Blocks the calling thread for one copy of the weights; afterwards the caller may change
+    them freely. With ``buffers`` (a lease from the supervisor's pool) the copy goes into
+    reused memory; without, into fresh memory. Tensors on CUDA are copied asynchronously into
+    the (pinned) set, then each CUDA device's current stream is synchronised once. Raises
+    ``TypeError`` / ``ValueError`` naming an entry that cannot be written; the lease is given
+    back on any error.
+    """
+    plan = plan_state(source)
+    lease = buffers if buffers is not None else BufferLease(plan.buffer_nbytes, pinned=plan.on_cuda)
+    try:
+        if plan.buffer_nbytes > lease.nbytes:
+            raise ValueError(
+                f"the weights need {plan.buffer_nbytes} bytes of buffer, the lease holds "
+                f"{lease.nbytes}; did the model change between reserve and capture?"
+            )
+        tensors = _copy_into(plan.entries, lease.buffer()) if plan.entries else {}
+        weights = CapturedWeights(tensors, nbytes=plan.nbytes, lease=lease)
+        if plan.model is not None:
+            _capture_model_files(plan.model, weights)
+    except BaseException:
+        lease.give_back()
+        raise
+    return weights
+
+
+def _copy_into(entries: dict[str, torch.Tensor], buffer: torch.Tensor) -> dict[str, torch.Tensor]:
+    tensors: dict[str, torch.Tensor] = {}
+    streams: dict[torch.device, torch.cuda.Stream] = {}
+    offset = 0
+    try:
+        with torch.no_grad():
+            for name, source in entries.items():
+                nbytes = tensor_nbytes(source)
+                target = buffer[offset : offset + nbytes].view(source.dtype).view(source.shape)
+                on_cuda = source.device.type == "cuda"
+                if on_cuda and source.device not in streams:
+                    streams[source.device] = torch.cuda.current_stream(source.device)
+                target.copy_(source, non_blocking=on_cuda)
+                tensors[name] = target
+                offset += aligned(nbytes)
+    finally:
+        # Also on error: no copy may still be landing in the buffer once it is given back.
+        for stream in streams.values():
+            stream.synchronize()
+    return tensors
+
+
+def _capture_model_files(model: torch.nn.Module, weights: CapturedWeights) -> None:
+    """What ``save_pretrained`` writes besides the weights, as of now: the model's config
+    (with its dtype and architecture, as ``save_pretrained`` sets them) and generation
+    config, and how to revert weight conversions."""
+    config = getattr(model, "config", None)
+    if config is None or not callable(getattr(config, "save_pretrained", None)):
+        return
+    config = copy.deepcopy(config)
+    dtype = getattr(model, "dtype", None)
+    if isinstance(dtype, torch.dtype):
+        config.dtype = str(dtype).removeprefix("torch.")
+    config.architectures = [type(model).__name__.removeprefix("FSDP")]
+    weights.config = config
+    can_generate = getattr(model, "can_generate", None)
+    generation_config = getattr(model, "generation_config", None)
+    if generation_config is not None and callable(can_generate) and can_generate():
+        weights.generation_config = copy.deepcopy(generation_config)
+    num_parameters = getattr(model, "num_parameters", None)
+    if callable(num_parameters):
+        weights.num_parameters = int(num_parameters())
+    if _has_weight_conversions(model):
+        weights.converter = model
+
+
+def _has_weight_conversions(model: Any) -> bool:
+    """Whether transformers' ``save_pretrained`` would revert weight conversions for ``model``
+    (the check ``revert_weight_conversion`` starts with)."""
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import PrefixChange
+    except ImportError:
+        return False
+    conversions = getattr(model, "_weight_conversions", None)
+    if conversions is None:
+        conversions = [
+            c for c in get_model_conversion_mapping(model, add_legacy=False)
+            if not isinstance(c, PrefixChange)
+        ]
+    return bool(conversions)

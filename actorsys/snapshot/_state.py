@@ -1,0 +1,151 @@
+"""Which tensors of a model or state dict a checkpoint holds, by transformers' rules.
+
+``module.state_dict()`` semantics: parameters and persistent buffers, never non-persistent ones.
+Keys a transformers model lists in ``_keys_to_ignore_on_save`` are left out, and so are the tied
+duplicates it re-ties when loading (``lm_head.weight`` sharing the embeddings' storage): the
+same names ``save_pretrained`` drops, since safetensors cannot hold two names for one storage.
+Every other tensor is copied on its own, whatever storage it shares and however it is strided,
+so views, slices and transposes round-trip exactly.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from actorsys.snapshot._safetensors import DTYPE_NAMES
+
+ALIGNMENT = 64
+"""Byte alignment of every tensor inside a buffer set (any dtype can be viewed there)."""
+
+Source = torch.nn.Module | Mapping[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class StatePlan:
+    """What a capture copies: ``entries`` (name -> source tensor, in state-dict order)."""
+
+    model: torch.nn.Module | None
+    entries: dict[str, torch.Tensor]
+    nbytes: int
+    """Bytes of tensor data, as written to disk."""
+    buffer_nbytes: int
+    """Bytes of buffer the copy needs (``nbytes`` plus alignment)."""
+    on_cuda: bool
+
+
+def plan_state(source: Source) -> StatePlan:
+    """Read ``source``'s state dict and decide what a checkpoint of it holds.
+
+    Cheap (no tensor data is touched). Raises ``TypeError`` / ``ValueError`` naming the entry
+    that cannot be written: a value that is not a tensor, a tensor on the meta device, a dtype
+    safetensors cannot hold.
+    """
+    if isinstance(source, torch.nn.Module):
+        module = unwrap(source)
+        model: torch.nn.Module | None = module
+        state = dict(module.state_dict())
+    else:
+        model, state = None, dict(source)
+    for name, value in state.items():
+        _check_entry(name, value)
+    if model is not None:
+        for name in getattr(model, "_keys_to_ignore_on_save", None) or ():
+            state.pop(name, None)
+        _drop_tied_duplicates(state, _tied_patterns(model))
+    nbytes = sum(tensor_nbytes(t) for t in state.values())
+    buffer_nbytes = sum(aligned(tensor_nbytes(t)) for t in state.values())
+    on_cuda = any(t.device.type == "cuda" for t in state.values())
+    return StatePlan(model, state, nbytes, buffer_nbytes, on_cuda)
+
+
+def unwrap(module: torch.nn.Module) -> torch.nn.Module:
+    """The model inside data-parallel and ``torch.compile`` wrappers (their state-dict keys
+    carry ``module.`` / ``_orig_mod.`` prefixes a checkpoint must not have)."""
+    while True:
+        if isinstance(module, torch.nn.DataParallel | torch.nn.parallel.DistributedDataParallel):
+            inner = module.module
+        else:
+            inner = getattr(module, "_orig_mod", None)
+        if not isinstance(inner, torch.nn.Module):
+            return module
+        module = inner
+
+
+def tensor_nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def aligned(nbytes: int) -> int:
+    return -(-nbytes // ALIGNMENT) * ALIGNMENT
+
+
+def _check_entry(name: str, value: object) -> None:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(
+            f"state_dict[{name!r}] is a {type(value).__name__}, not a tensor; pass only tensors "
+            "(or write the checkpoint yourself with export=)"
+        )
+    if value.device.type == "meta":
+        raise ValueError(
+            f"state_dict[{name!r}] is on the meta device (offloaded or not initialised); "
+            "materialise it first, or write the checkpoint yourself with export="
+        )
+    if value.layout is not torch.strided:
+        raise ValueError(f"state_dict[{name!r}] is a {value.layout} tensor; pass dense tensors")
+    if value.dtype not in DTYPE_NAMES:
+        supported = ", ".join(str(d).removeprefix("torch.") for d in DTYPE_NAMES)
+        raise ValueError(
+            f"state_dict[{name!r}] has dtype {value.dtype}, which safetensors cannot hold; "
+            f"convert it to one of {supported}"
+        )
+
+
+def _tied_patterns(model: torch.nn.Module) -> list[str]:
+    """The keys a transformers model re-ties on load, prefixed by submodule (as transformers'
+    ``_get_tied_weight_keys`` does). ``_tied_weights_keys`` is a dict in transformers 5, a
+    list before."""
+    patterns: list[str] = []
+    for prefix, submodule in model.named_modules():
+        tied = getattr(submodule, "_tied_weights_keys", None) or ()
+        patterns.extend(f"{prefix}.{key}" if prefix else key for key in tied)
+    return patterns
+
+
+def _drop_tied_duplicates(state: dict[str, torch.Tensor], patterns: list[str]) -> None:
+    """Drop the declared tied names of tensors that are the very same view of one storage.
+
+    Follows transformers' ``remove_tied_weights_from_state_dict``: within a group sharing a
+    storage, sorted names matching a tied pattern are dropped, always keeping one name. Unlike
+    it, a name is dropped only when another kept name is the identical view (same offset,
+    dtype, shape and stride): anything else is copied separately and so written exactly.
+    """
+    by_storage: dict[tuple[torch.device, int], list[str]] = defaultdict(list)
+    for name, tensor in state.items():
+        storage = tensor.untyped_storage()
+        if storage.nbytes() > 0:
+            by_storage[(tensor.device, storage.data_ptr())].append(name)
+    for names in by_storage.values():
+        if len(names) < 2:
+            continue
+        to_drop: set[str] = set()
+        found = 0
+        for name in sorted(names):
+            if any(re.search(pattern, name) for pattern in patterns):
+                found += 1
+                if found < len(names):
+                    to_drop.add(name)
+        by_view: dict[tuple[object, ...], list[str]] = defaultdict(list)
+        for name in names:
+            t = state[name]
+            by_view[(t.data_ptr(), t.dtype, tuple(t.shape), t.stride())].append(name)
+        for same in by_view.values():
+            droppable = [name for name in sorted(same) if name in to_drop]
+            if len(droppable) == len(same):
+                droppable = droppable[:-1]
+            for name in droppable:
+                del state[name]

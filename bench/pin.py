@@ -1,0 +1,144 @@
+"""Pin latency of the embedded fleet, and where the time from submit to eval start goes.
+
+Run: ``.venv/bin/python bench/pin.py [--hidden 512 --layers 8 --repeats 5]``
+
+1. Pin one engine, then four engines loading in parallel, to the same snapshots (alternating
+   between two, so every pin loads new weights); prints the median and the ratio.
+2. Submit points through EvalSupervisor (export from a model in memory) to a fleet of one and
+   of four engines and splits the time from submit to the eval fn's start into the time
+   submit blocks the caller (the weight copy), export, pin, and the rest (hand-offs between
+   actors); the four add up to the total.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from actorsys import (  # noqa: E402
+    CheckpointEvalFn,
+    EvalConfig,
+    EvalSupervisor,
+    Fleet,
+    MemorySink,
+    RolloutFnEvalInput,
+    RolloutFnEvalOutput,
+)
+from actorsys.fleet.local import LocalFleet, embedded  # noqa: E402
+from tests.models import make_model, make_snapshot, random_model  # noqa: E402
+
+
+class StartStamp(CheckpointEvalFn):
+    """Records when each evaluation starts; scores nothing."""
+
+    def __init__(self) -> None:
+        self.started: dict[int, float] = {}
+
+    async def evaluate_checkpoint(
+        self, checkpoint_dir: str, input: RolloutFnEvalInput
+    ) -> RolloutFnEvalOutput:
+        self.started[input.rollout_id] = trio.current_time()
+        return RolloutFnEvalOutput(data={})
+
+
+async def pin_times(fleet: Fleet, snapshots: list[str], repeats: int) -> list[float]:
+    times = []
+    for index in range(repeats):
+        started = trio.current_time()
+        await fleet.pin(snapshots[index % 2], f"bench-{index}")
+        times.append(trio.current_time() - started)
+    return times
+
+
+async def submit_to_start(
+    fleet: Fleet, base: Path, staging: Path, repeats: int
+) -> list[dict[str, float]]:
+    from transformers import LlamaConfig
+
+    config = LlamaConfig.from_pretrained(base)
+    models = [random_model(config, seed=1000 + i) for i in range(repeats)]
+    eval_fn = StartStamp()
+    sink = MemorySink()
+    rows = []
+    settings = EvalConfig(hf_dir=staging, base_checkpoint=base, max_in_flight=1, keep_snapshots=0)
+    async with EvalSupervisor.open(settings, eval_fn=eval_fn, fleet=fleet, sink=sink) as sup:
+        for step, model in enumerate(models, start=1):
+            submitted = trio.current_time()
+            await sup.submit(step, model=model)
+            submit_returned = trio.current_time()
+            await sup.drain(timeout=300)
+            outcome = sink.by_step()[step]
+            assert outcome.ok, outcome
+            total = eval_fn.started[step] - submitted
+            export = outcome.metrics["eval/export_time_seconds"]
+            pin = outcome.metrics["eval/pin_time_seconds"]
+            blocked = submit_returned - submitted
+            rows.append(
+                {
+                    "submit_blocks": blocked,
+                    "export": export,
+                    "pin": pin,
+                    "other": total - blocked - export - pin,
+                    "total": total,
+                }
+            )
+    return rows
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+async def main(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory(prefix="actorsys-bench-") as tmp:
+        root = Path(tmp)
+        model = make_model(root / "base", seed=0, hidden=args.hidden, layers=args.layers)
+        size = sum(p.numel() * p.element_size() for p in model.state_dict().values())
+        del model
+        snapshots = [str(root / "snap_a"), str(root / "snap_b")]
+        for seed, path in enumerate(snapshots, start=1):
+            make_snapshot(root / "base", path, seed=seed)
+        print(f"model: hidden {args.hidden}, {args.layers} layers, {size / 1e6:.0f} MB fp32; "
+              f"{os.cpu_count()} cores; {args.repeats} repeats, medians\n")
+        specs = [embedded(str(root / "base"), threads=1) for _ in range(4)]
+        wall = time.monotonic()
+        async with LocalFleet.open(specs, startup_timeout=300) as local:
+            print(f"4 engines healthy after {time.monotonic() - wall:.1f} s\n")
+            one = Fleet([local.engines[0].client])
+            four = local.fleet
+            await one.pin(snapshots[1], "warm")
+            await four.pin(snapshots[1], "warm")
+            t1 = await pin_times(one, snapshots, args.repeats)
+            t4 = await pin_times(four, snapshots, args.repeats)
+            print("| pin (health + load + read back) | median s | min s | max s |")
+            print("|---|---|---|---|")
+            for label, times in (("1 engine", t1), ("4 engines, parallel loads", t4)):
+                print(f"| {label} | {median(times):.3f} | {min(times):.3f} | {max(times):.3f} |")
+            print(f"\nratio 4 engines / 1 engine: {median(t4) / median(t1):.2f}\n")
+            print("| submit -> eval start, mean s | submit blocks | export | pin | other | total |")
+            print("|---|---|---|---|---|---|")
+            for label, fleet in (("1 engine", one), ("4 engines", four)):
+                staging = root / f"staging-{label[0]}"
+                rows = await submit_to_start(fleet, root / "base", staging, args.repeats)
+                cells = " | ".join(
+                    f"{statistics.mean([r[key] for r in rows]):.3f}"
+                    for key in ("submit_blocks", "export", "pin", "other", "total")
+                )
+                print(f"| {label} | {cells} |")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=5)
+    trio.run(main, parser.parse_args())

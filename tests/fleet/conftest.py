@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.models import make_model, make_snapshot
+
+
+@dataclass(frozen=True)
+class TinyModels:
+    """A served base model and two snapshots of its architecture (read-only for tests)."""
+
+    base: Path
+    step1: Path
+    step2: Path
+    other_arch: Path
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
+    root = tmp_path_factory.mktemp("tiny")
+    make_model(root / "base", seed=0)
+    make_snapshot(root / "base", root / "step1", seed=1)
+    make_snapshot(root / "base", root / "step2", seed=2)
+    make_model(root / "other", seed=3, hidden=96, layers=1)
+    return TinyModels(root / "base", root / "step1", root / "step2", root / "other")
+
+
+def corrupt_copy(source: Path, target: Path) -> Path:
+    """A copy of ``source`` whose safetensors header is garbage (the data is intact)."""
+    shutil.copytree(source, target)
+    weights = target / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[8:40] = b"\x00not a json header, corrupted!!\x00"
+    weights.write_bytes(bytes(data))
+    return target
+
+
+Handler = Callable[[httpx.Request], Any]
+
+
+class Recorder:
+    """An httpx MockTransport whose handler is swapped by the test; records every request."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.requests: list[httpx.Request] = []
+        self.transport = httpx.MockTransport(self._handle)
+
+    async def _handle(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        result = self.handler(request)
+        if hasattr(result, "__await__"):
+            result = await result
+        assert isinstance(result, httpx.Response)
+        return result
+
+    def paths(self) -> list[str]:
+        return [f"{r.method} {r.url.path}" for r in self.requests]

@@ -1,0 +1,110 @@
+"""The real eval fleet: embedded engines as processes on loopback, sglang-router in front,
+pinned through EvalSupervisor, with real faults. Wall-clock bound: each test has a timeout."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from actorsys.fleet.local import EngineSpec, LocalFleet, embedded
+from tests.fleet.conftest import TinyModels, corrupt_copy
+from tests.fleet.pipeline import MAX_TOKENS, assert_pinned, evaluate, pipeline
+from tests.models import PROMPTS
+
+
+def fleet_specs(tiny: TinyModels, count: int, *extra: Sequence[str]) -> list[EngineSpec]:
+    """``count`` embedded engines on the base model; ``extra[i]`` are engine i's arguments."""
+    return [
+        embedded(str(tiny.base), extra_args=extra[i] if i < len(extra) else ())
+        for i in range(count)
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+async def test_two_engines_behind_the_router_serve_exactly_the_pinned_snapshot(
+    tiny: TinyModels, tmp_path: Path
+) -> None:
+    async with LocalFleet.open(fleet_specs(tiny, 2), router=True) as local:
+        assert local.fleet.base_url == local.router_url
+        async with pipeline(tiny, tmp_path, local.fleet) as (sup, sink):
+            for step in (1, 2):
+                assert_pinned(await evaluate(sup, sink, tiny, step), engines=2)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+async def test_killed_engine_skips_the_point_as_unhealthy_and_the_next_one_pins(
+    tiny: TinyModels, tmp_path: Path
+) -> None:
+    async with LocalFleet.open(fleet_specs(tiny, 2), router=True) as local:
+        async with pipeline(tiny, tmp_path, local.fleet) as (sup, sink):
+            assert_pinned(await evaluate(sup, sink, tiny, 1), engines=2)
+            pid = local.engines[0].process.command_pid()
+            assert pid is not None
+            os.kill(pid, signal.SIGKILL)
+            await local.engines[0].process.wait()
+            skipped = await evaluate(sup, sink, tiny, 2)
+            assert (skipped.status, skipped.reason) == ("skipped", "unhealthy")
+            await local.restart(0)
+            assert_pinned(await evaluate(sup, sink, tiny, 3), engines=2)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+async def test_stopped_engine_skips_the_point_at_the_pin_deadline_and_the_next_one_pins(
+    tiny: TinyModels, tmp_path: Path
+) -> None:
+    pin_timeout = 5.0
+    async with LocalFleet.open(fleet_specs(tiny, 2)) as local:
+        async with pipeline(tiny, tmp_path, local.fleet, pin_timeout=pin_timeout) as (sup, sink):
+            assert_pinned(await evaluate(sup, sink, tiny, 1), engines=2)
+            pid = local.engines[1].process.command_pid()
+            assert pid is not None
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                skipped = await evaluate(sup, sink, tiny, 2)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            assert (skipped.status, skipped.reason) == ("skipped", "pin_timeout")
+            assert pin_timeout <= skipped.metrics["eval/pin_time_seconds"] < pin_timeout + 2.0
+            assert_pinned(await evaluate(sup, sink, tiny, 3), engines=2)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+async def test_engine_that_keeps_its_old_weights_is_a_pin_violation(
+    tiny: TinyModels, tmp_path: Path
+) -> None:
+    specs = fleet_specs(tiny, 2, (), ("--test-keep-old-weights",))
+    async with LocalFleet.open(specs) as local:
+        async with pipeline(tiny, tmp_path, local.fleet) as (sup, sink):
+            violated = await evaluate(sup, sink, tiny, 1)
+            assert (violated.status, violated.reason) == ("skipped", "pin_violation")
+            assert "'default'" in violated.data["error"]
+            await local.restart(1, spec=embedded(str(tiny.base)))
+            assert_pinned(await evaluate(sup, sink, tiny, 2), engines=2)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+async def test_corrupt_snapshot_is_skipped_and_the_engines_keep_serving_the_previous_one(
+    tiny: TinyModels, tmp_path: Path
+) -> None:
+    corrupt = corrupt_copy(tiny.step2, tmp_path / "corrupt")
+    async with LocalFleet.open(fleet_specs(tiny, 2)) as local:
+        async with pipeline(tiny, tmp_path, local.fleet) as (sup, sink):
+            first = await evaluate(sup, sink, tiny, 1)
+            assert_pinned(first, engines=2)
+            skipped = await evaluate(sup, sink, tiny, 2, checkpoint_dir=corrupt)
+            assert (skipped.status, skipped.reason) == ("skipped", "ckpt_missing")
+            assert [await e.weight_version() for e in local.fleet.engines] == ["1", "1"]
+            answers = await local.fleet.complete(
+                PROMPTS, max_tokens=MAX_TOKENS, check_version=False
+            )
+            assert [a.text for a in answers] == first.data["expected"]
+            assert_pinned(await evaluate(sup, sink, tiny, 3), engines=2)

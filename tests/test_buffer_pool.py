@@ -1,0 +1,134 @@
+"""The buffer pool: reused sets, a hard cap, and no reuse while an abandoned writer reads."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from actorsys.snapshot import (
+    BufferPool,
+    WeightsReleasedError,
+    _safetensors,
+    capture,
+    plan_state,
+    write_snapshot,
+)
+
+from .snapshot_models import tiny_llama
+
+
+def lease_for(pool: BufferPool, model: torch.nn.Module):  # type: ignore[no-untyped-def]
+    plan = plan_state(model)
+    lease = pool.try_lease(plan.buffer_nbytes, pinned=plan.on_cuda)
+    assert lease is not None
+    return lease
+
+
+def test_copies_reuse_the_same_buffers_across_captures():
+    model = tiny_llama()
+    pool = BufferPool(2)
+    pointers = set()
+
+    for _ in range(5):
+        weights = capture(model, buffers=lease_for(pool, model))
+        pointers.add(next(iter(weights.tensors.values())).data_ptr())
+        weights.release()
+
+    assert len(pointers) == 1
+    stats = pool.statistics()
+    assert (stats.leases, stats.allocations, stats.sets, stats.free) == (5, 1, 1, 1)
+
+
+def test_pool_never_holds_more_than_max_sets():
+    pool = BufferPool(2)
+    first = pool.try_lease(1024, pinned=False)
+    second = pool.try_lease(1024, pinned=False)
+    assert first is not None
+    assert second is not None
+
+    assert pool.try_lease(1024, pinned=False) is None
+    first.give_back()
+    assert pool.try_lease(1024, pinned=False) is not None
+
+
+def test_a_set_too_small_for_a_grown_model_is_replaced_not_added():
+    pool = BufferPool(1)
+    small = pool.try_lease(1024, pinned=False)
+    assert small is not None
+    small.buffer()
+    small.give_back()
+
+    big = pool.try_lease(4096, pinned=False)
+    assert big is not None
+    assert big.buffer().numel() == 4096
+    big.give_back()
+    stats = pool.statistics()
+    assert (stats.sets, stats.allocations, stats.free_nbytes) == (1, 2, 4096)
+
+
+def test_buffers_a_writer_still_reads_go_back_only_when_it_stops():
+    model = tiny_llama()
+    freed = []
+    pool = BufferPool(1, on_free=lambda: freed.append(True))
+    weights = capture(model, buffers=lease_for(pool, model))
+
+    with weights.reading():
+        weights.release()
+        assert pool.try_lease(1024, pinned=False) is None
+        assert freed == []
+        assert weights.tensors
+    assert freed == [True]
+    assert weights.tensors == {}
+    assert pool.try_lease(1024, pinned=False) is not None
+
+
+def test_a_write_started_after_release_leaves_nothing(tmp_path):
+    weights = capture(tiny_llama())
+    weights.release()
+    directory = tmp_path / "snap"
+    directory.mkdir()
+
+    with pytest.raises(WeightsReleasedError):
+        write_snapshot(weights, str(directory))
+    assert not directory.exists()
+
+
+def test_a_write_abandoned_midway_stops_at_the_next_chunk_and_removes_its_dir(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(_safetensors, "CHUNK_BYTES", 1024)
+    model = tiny_llama()
+    pool = BufferPool(1)
+    weights = capture(model, buffers=lease_for(pool, model))
+    checks = 0
+    check_live = weights.check_live
+
+    def release_on_third_chunk() -> None:
+        nonlocal checks
+        checks += 1
+        if checks == 3:
+            weights.release()
+        check_live()
+
+    monkeypatch.setattr(weights, "check_live", release_on_third_chunk)
+    directory = tmp_path / "snap"
+    directory.mkdir()
+
+    with pytest.raises(WeightsReleasedError):
+        write_snapshot(weights, str(directory))
+
+    assert checks == 3
+    assert not os.path.exists(directory)
+    assert pool.statistics().free == 1
+
+
+def test_a_failed_copy_gives_its_lease_back():
+    pool = BufferPool(1)
+    lease = pool.try_lease(64, pinned=False)
+    assert lease is not None
+
+    with pytest.raises(ValueError, match="lease holds 64"):
+        capture(tiny_llama(), buffers=lease)
+    assert pool.try_lease(64, pinned=False) is not None
