@@ -3,54 +3,49 @@ that does not wait for evaluations."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
-from typing import Any
 
-import torch
 import trio
+import trio.testing
 
-from actorsys import (
-    CheckpointEvalFn,
-    EvalConfig,
-    EvalSupervisor,
-    MemorySink,
-    RolloutFnEvalInput,
-)
+from actorsys import EvalConfig, EvalSupervisor, Fleet, MemorySink
 from actorsys.snapshot import capture
 
+from .fakes import FakeEngine, HangingEval, RecordingEval, tiny_state_dict, written_export
 
-class Forever(CheckpointEvalFn):
-    async def evaluate_checkpoint(self, checkpoint_dir: str, input: RolloutFnEvalInput) -> Any:  # noqa: A002
-        await trio.sleep_forever()
+
+class CrashingFleet(Fleet):
+    """A fleet whose pin has a bug: the pinner crashes on every point."""
+
+    def __init__(self) -> None:
+        super().__init__([FakeEngine("e")])
+
+    async def pin(self, path: str, version: str, *, retries: int = 0) -> None:
+        raise RuntimeError(f"bug while pinning {version}")
 
 
 async def test_launch_after_the_supervisor_gave_up_settles_the_point_crashed(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock
+    staging: Path, sink: MemorySink, autojump_clock: trio.testing.MockClock
 ) -> None:
-    staging = tmp_path / "staging"
-    sink = MemorySink()
-    weights = {"w": torch.zeros(4)}
+    weights = tiny_state_dict()
     config = EvalConfig(hf_dir=staging, max_restarts=0)
-    async with EvalSupervisor.open(config, eval_fn=Forever(), sink=sink) as sup:
-        held = await sup.reserve(1, state_dict=weights)
-        doomed = await sup.reserve(2, state_dict=weights)
+    async with EvalSupervisor.open(
+        config, eval_fn=RecordingEval(), fleet=CrashingFleet(), sink=sink
+    ) as sup:
+        held = await sup.reserve(1, state_dict=weights)  # a host thread is copying these...
         assert held is not None
-        assert doomed is not None
-        shutil.rmtree(staging)  # the exporter cannot make its tmp dir: one crash is too many
-        sup.launch(doomed, capture(weights))
-        await trio.sleep(1)
+        await sup.submit(2, export=written_export)  # ...while a crash makes the supervisor give up
+        await sup.drain()
         assert sup.statistics().gave_up
 
-        assert sup.launch(held, capture(weights)) is False
+        assert sup.launch(held, capture(weights, buffers=held.buffers)) is False
     assert sink.by_step()[1].reason == "crashed"
 
 
 async def test_close_without_drain_cuts_off_at_once(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock
+    tmp_path: Path, sink: MemorySink, autojump_clock: trio.testing.MockClock
 ) -> None:
-    sink = MemorySink()
-    async with EvalSupervisor.open(EvalConfig(), eval_fn=Forever(), sink=sink) as sup:
+    async with EvalSupervisor.open(EvalConfig(), eval_fn=HangingEval(), sink=sink) as sup:
         await sup.submit(3, checkpoint_dir=tmp_path)
         await trio.sleep(1)
         started = trio.current_time()
