@@ -20,7 +20,7 @@ import argparse
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 from actorsys import _flags
 from actorsys._errors import ConfigError
@@ -87,9 +87,9 @@ class EvalConfig:
         _require_int("max_restarts", self.max_restarts, minimum=0)
         _require_int("max_shard_size", self.max_shard_size, minimum=1)
         for name in ("export_timeout", "eval_timeout"):
-            _require_seconds(name, getattr(self, name), optional=True)
+            require_seconds(name, getattr(self, name), optional=True)
         for name in ("pin_timeout", "close_timeout", "restart_period"):
-            _require_seconds(name, getattr(self, name), optional=False)
+            require_seconds(name, getattr(self, name))
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
@@ -129,14 +129,33 @@ def _require_int(name: str, value: object, *, minimum: int) -> None:
         raise ConfigError(name, f"expected an integer >= {minimum}, got {value!r}")
 
 
-def _require_seconds(name: str, value: object, *, optional: bool) -> None:
+@overload
+def require_seconds(
+    name: str, value: object, *, optional: Literal[False] = False, allow_zero: bool = False
+) -> float: ...
+
+
+@overload
+def require_seconds(
+    name: str, value: object, *, optional: bool, allow_zero: bool = False
+) -> float | None: ...
+
+
+def require_seconds(
+    name: str, value: object, *, optional: bool = False, allow_zero: bool = False
+) -> float | None:
+    """Return ``value`` as seconds, or raise :class:`ConfigError` naming ``name``: a finite
+    number > 0 (>= 0 with ``allow_zero``), or None if ``optional``."""
     if value is None and optional:
-        return
+        return None
     if (
         isinstance(value, bool)
         or not isinstance(value, int | float)
         or not math.isfinite(value)
-        or value <= 0
+        or value < 0
+        or (value == 0 and not allow_zero)
     ):
-        allowed = "a number of seconds > 0" + (" or None" if optional else "")
+        allowed = f"a number of seconds {'>=' if allow_zero else '>'} 0"
+        allowed += " or None" if optional else ""
         raise ConfigError(name, f"expected {allowed}, got {value!r}")
+    return float(value)

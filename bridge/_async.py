@@ -38,7 +38,6 @@ from actorsys.sinks import Sink
 from bridge._budgets import drains_on_exit
 from bridge._runtime import Runtime
 from bridge._sync import DEFAULT_HANDOFF_TIMEOUT, remaining
-from bridge._weights import copy_weights
 
 
 def _consume(future: asyncio.Future[Any]) -> None:
@@ -136,17 +135,7 @@ class AsyncEvalBridge:
         except BaseException:
             rt.give_up(call)
             raise
-        reservation = rt.take_reservation(call, bound)
-        if reservation is None:
-            return False
-        weights_source = model if model is not None else state_dict
-        try:
-            weights = None if weights_source is None else copy_weights(reservation, weights_source)
-        except BaseException:
-            rt.release(reservation)
-            raise
-        rt.launch(reservation, weights)
-        return True
+        return rt.copy_and_launch(call, bound, model if model is not None else state_dict)
 
     def note_step(self, step: int) -> None:
         """Tell the supervisor the trainer's current step. Never blocks."""

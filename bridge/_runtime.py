@@ -17,14 +17,15 @@ from typing import Any
 import trio
 
 from actorsys._errors import ConfigError, SupervisorClosedError
-from actorsys.config import EvalConfig
+from actorsys.config import EvalConfig, require_seconds
 from actorsys.outcome import CloseReport, DrainReport, SupervisorStatistics
 from actorsys.sinks import MemorySink, Sink
 from actorsys.snapshot import CapturedWeights
 from actorsys.supervisor import Reservation
-from bridge._budgets import check_seconds, trio_share
+from bridge._budgets import trio_share
 from bridge._calls import Call, answer
 from bridge._thread import Command, TrioThread
+from bridge._weights import copy_weights
 
 log = logging.getLogger("actorsys.bridge")
 
@@ -46,7 +47,7 @@ class Runtime:
     ) -> None:
         if not isinstance(config, EvalConfig):
             raise ConfigError("config", f"expected an EvalConfig, got {type(config).__name__}")
-        check_seconds("handoff_timeout", handoff_timeout, optional=False)
+        require_seconds("handoff_timeout", handoff_timeout, allow_zero=True)
         self.config = config
         self.sink: Sink = sink if sink is not None else MemorySink()
         self.handoff_timeout = float(handoff_timeout)
@@ -65,7 +66,7 @@ class Runtime:
     def reserve_bound(self, timeout: float | None, force: bool) -> float | None:
         """How long a submit may wait for its reservation: ``timeout`` if given; a ``skip``
         submit never waits for a slot, so it waits only ``handoff_timeout`` for an answer."""
-        check_seconds("timeout", timeout, optional=True)
+        require_seconds("timeout", timeout, optional=True, allow_zero=True)
         if timeout is not None:
             return timeout
         if self.config.overflow == "skip" and not force:
@@ -104,6 +105,23 @@ class Runtime:
         log.warning("%s: no slot within %s s; not admitted", call.description, bound)
         return None
 
+    def copy_and_launch(
+        self, call: Call[Reservation | None], bound: float | None, weights_source: Any
+    ) -> bool:
+        """Finish a submit whose wait for a reservation ended: copy the weights in the calling
+        (host) thread into the reservation's buffers, then hand the point over. False if it
+        was not admitted."""
+        reservation = self.take_reservation(call, bound)
+        if reservation is None:
+            return False
+        try:
+            weights = None if weights_source is None else copy_weights(reservation, weights_source)
+        except BaseException:
+            self.release(reservation)
+            raise
+        self.launch(reservation, weights)
+        return True
+
     def give_up(self, call: Call[Reservation | None]) -> None:
         """The host stopped waiting for a reserve (an interrupt): release what it got."""
         future = call.abandon()
@@ -125,7 +143,7 @@ class Runtime:
     # -- drain and close ---------------------------------------------------------------
 
     def post_drain(self, timeout: float | None) -> Call[DrainReport]:
-        check_seconds("timeout", timeout, optional=True)
+        require_seconds("timeout", timeout, optional=True, allow_zero=True)
         call: Call[DrainReport] = Call("drain")
         budget = None if timeout is None else trio_share(timeout)
         self.trio.post(Command(lambda nursery: nursery.start_soon(self._drain, call, budget)))
@@ -140,7 +158,7 @@ class Runtime:
         return DrainReport(settled=settled, pending=[s for s in waiting if s not in settled])
 
     def close_budget(self, timeout: float | None) -> float:
-        check_seconds("timeout", timeout, optional=True)
+        require_seconds("timeout", timeout, optional=True, allow_zero=True)
         return self.config.close_timeout if timeout is None else float(timeout)
 
     def request_close(self, budget: float, drain: bool) -> Call[CloseReport]:

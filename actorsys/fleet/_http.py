@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import trio
 
+from actorsys.config import require_seconds
 from actorsys.fleet._tls import ssl_context
 from actorsys.fleet.engine import EngineUnhealthyError
 
@@ -28,12 +29,6 @@ def check_url(url: object, owner: str) -> str:
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
         raise ValueError(f"{owner}(url): expected an http:// or https:// URL, got {url!r}")
     return url.rstrip("/")
-
-
-def check_seconds(value: object, field: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ValueError(f"{field}: expected a number of seconds > 0, got {value!r}")
-    return float(value)
 
 
 class HttpEngine:
@@ -56,8 +51,8 @@ class HttpEngine:
         owner = type(self).__name__
         self.url = check_url(url, owner)
         self.name = name if name is not None else self.url
-        self.request_timeout = check_seconds(request_timeout, f"{owner}(request_timeout)")
-        self.load_timeout = check_seconds(load_timeout, f"{owner}(load_timeout)")
+        self.request_timeout = require_seconds(f"{owner}(request_timeout)", request_timeout)
+        self.load_timeout = require_seconds(f"{owner}(load_timeout)", load_timeout)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._transport = transport
 
