@@ -32,12 +32,10 @@ from typing import Any
 
 import torch
 
-from actorsys.config import EvalConfig
-from actorsys.outcome import CloseReport, DrainReport, SupervisorStatistics
-from actorsys.sinks import Sink
+from actorsys.outcome import CloseReport, DrainReport
 from bridge._budgets import drains_on_exit
-from bridge._runtime import Runtime
-from bridge._sync import DEFAULT_HANDOFF_TIMEOUT, remaining
+from bridge._runtime import BridgeBase
+from bridge._sync import remaining
 
 
 def _consume(future: asyncio.Future[Any]) -> None:
@@ -45,35 +43,14 @@ def _consume(future: asyncio.Future[Any]) -> None:
         future.exception()
 
 
-class AsyncEvalBridge:
+class AsyncEvalBridge(BridgeBase):
     """:class:`~bridge.EvalBridge` for an asyncio host: ``async with``, awaitable methods.
 
     The methods take the same arguments and keep the same bounds. They must be called from
     the loop that entered the bridge.
     """
 
-    def __init__(
-        self,
-        config: EvalConfig,
-        *,
-        eval_fn: Any,
-        fleet: Any = None,
-        sink: Sink | None = None,
-        handoff_timeout: float = DEFAULT_HANDOFF_TIMEOUT,
-    ) -> None:
-        self._rt = Runtime(
-            config, eval_fn=eval_fn, fleet=fleet, sink=sink, handoff_timeout=handoff_timeout
-        )
-        self._finished: asyncio.Future[None] | None = None
-
-    @property
-    def config(self) -> EvalConfig:
-        return self._rt.config
-
-    @property
-    def sink(self) -> Sink:
-        """Where outcomes are recorded: the sink given, or a :class:`~actorsys.MemorySink`."""
-        return self._rt.sink
+    _finished: asyncio.Future[None] | None = None
 
     async def _wait(self, future: concurrent.futures.Future[Any], limit: float | None) -> None:
         """Await ``future`` or the end of the trio thread, for at most ``limit`` seconds.
@@ -137,9 +114,6 @@ class AsyncEvalBridge:
             raise
         return rt.copy_and_launch(call, bound, model if model is not None else state_dict)
 
-    def note_step(self, step: int) -> None:
-        """Tell the supervisor the trainer's current step. Never blocks."""
-        self._rt.note_step(step)
 
     async def drain(self, timeout: float | None = None) -> DrainReport:  # noqa: ASYNC109
         """As :meth:`bridge.EvalBridge.drain`; suspends only this task."""
@@ -170,7 +144,3 @@ class AsyncEvalBridge:
         if rt.trio.ever_started:
             await self._wait(rt.trio.finished, remaining(deadline))
         return rt.finish_close()
-
-    def statistics(self) -> SupervisorStatistics:
-        """As :meth:`bridge.EvalBridge.statistics`. Never blocks."""
-        return self._rt.statistics()

@@ -246,3 +246,40 @@ class Runtime:
         self.trio.publish()
         call.deliver(report)
         nursery.cancel_scope.cancel()
+
+
+DEFAULT_HANDOFF_TIMEOUT = 1.0
+
+
+class BridgeBase:
+    """What the sync and the asyncio bridge share: the runtime and the calls that never wait."""
+
+    def __init__(
+        self,
+        config: EvalConfig,
+        *,
+        eval_fn: Any,
+        fleet: Any = None,
+        sink: Sink | None = None,
+        handoff_timeout: float = DEFAULT_HANDOFF_TIMEOUT,
+    ) -> None:
+        self._rt = Runtime(
+            config, eval_fn=eval_fn, fleet=fleet, sink=sink, handoff_timeout=handoff_timeout
+        )
+
+    @property
+    def config(self) -> EvalConfig:
+        return self._rt.config
+
+    @property
+    def sink(self) -> Sink:
+        """Where outcomes are recorded: the sink given, or a :class:`~actorsys.MemorySink`."""
+        return self._rt.sink
+
+    def note_step(self, step: int) -> None:
+        """Tell the supervisor the trainer's current step (for ``eval/lag_steps``). Never blocks."""
+        self._rt.note_step(step)
+
+    def statistics(self) -> SupervisorStatistics:
+        """In flight, settled, skipped by reason, restarts, as last published. Never blocks."""
+        return self._rt.statistics()

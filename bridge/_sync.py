@@ -22,13 +22,9 @@ from typing import Any
 
 import torch
 
-from actorsys.config import EvalConfig
-from actorsys.outcome import CloseReport, DrainReport, SupervisorStatistics
-from actorsys.sinks import Sink
+from actorsys.outcome import CloseReport, DrainReport
 from bridge._budgets import drains_on_exit
-from bridge._runtime import Runtime
-
-DEFAULT_HANDOFF_TIMEOUT = 1.0
+from bridge._runtime import BridgeBase
 
 
 def wait_any(
@@ -47,7 +43,7 @@ def remaining(deadline: float) -> float:
     return max(0.0, deadline - time.monotonic())
 
 
-class EvalBridge:
+class EvalBridge(BridgeBase):
     """An :class:`~actorsys.EvalSupervisor` on trio in a daemon thread, driven from plain
     Python.
 
@@ -60,28 +56,6 @@ class EvalBridge:
     in time the bridge answers from its own record. ``handoff_timeout`` bounds how long a
     ``skip`` submit (which never waits for a slot) waits for an answer at all.
     """
-
-    def __init__(
-        self,
-        config: EvalConfig,
-        *,
-        eval_fn: Any,
-        fleet: Any = None,
-        sink: Sink | None = None,
-        handoff_timeout: float = DEFAULT_HANDOFF_TIMEOUT,
-    ) -> None:
-        self._rt = Runtime(
-            config, eval_fn=eval_fn, fleet=fleet, sink=sink, handoff_timeout=handoff_timeout
-        )
-
-    @property
-    def config(self) -> EvalConfig:
-        return self._rt.config
-
-    @property
-    def sink(self) -> Sink:
-        """Where outcomes are recorded: the sink given, or a :class:`~actorsys.MemorySink`."""
-        return self._rt.sink
 
     def __enter__(self) -> EvalBridge:
         rt = self._rt
@@ -143,9 +117,6 @@ class EvalBridge:
             raise
         return rt.copy_and_launch(call, bound, model if model is not None else state_dict)
 
-    def note_step(self, step: int) -> None:
-        """Tell the supervisor the trainer's current step (for ``eval/lag_steps``). Never blocks."""
-        self._rt.note_step(step)
 
     def drain(self, timeout: float | None = None) -> DrainReport:
         """Wait until the points in flight now have settled, for at most ``timeout`` seconds
@@ -180,7 +151,3 @@ class EvalBridge:
         wait_any([call.future, rt.trio.finished], remaining(deadline))
         rt.trio.join(remaining(deadline))
         return rt.finish_close()
-
-    def statistics(self) -> SupervisorStatistics:
-        """In flight, settled, skipped by reason, restarts, as last published. Never blocks."""
-        return self._rt.statistics()
