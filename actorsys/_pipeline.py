@@ -58,7 +58,6 @@ class Pipeline:
         self.ring: deque[str] = deque()
         self.reasons: Counter[str] = Counter()
         self.ok_count = 0
-        self.sink_errors = 0
         self._changed = trio.lowlevel.ParkingLot()
 
     # -- ownership ----------------------------------------------------------------------
@@ -177,7 +176,6 @@ class Pipeline:
         try:
             self.sink.record(outcome)
         except Exception:
-            self.sink_errors += 1
             log.exception("sink %r failed to record step %d", self.sink, point.step)
         self._retire_snapshot(point, keep=outcome.ok)
         self.wake()

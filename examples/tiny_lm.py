@@ -8,8 +8,10 @@ its non-weight files from.
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
+import tempfile
 from typing import Any
 
 import torch
@@ -22,7 +24,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from actorsys import CheckpointEvalFn, Outcome, RolloutFnEvalInput, RolloutFnEvalOutput
+from actorsys import CheckpointEvalFn, EvalConfig, Outcome, RolloutFnEvalInput, RolloutFnEvalOutput
 
 TRAIN_TEXTS = [
     "the trainer hands over a snapshot and goes on training",
@@ -62,6 +64,18 @@ def make_base_checkpoint(directory: str) -> tuple[PreTrainedTokenizerFast, Llama
     tokenizer.save_pretrained(directory)
     config.save_pretrained(directory)
     return tokenizer, config
+
+
+def set_up(args: argparse.Namespace) -> tuple[PreTrainedTokenizerFast, LlamaConfig, EvalConfig]:
+    """Write the base checkpoint into ``args.workdir`` (a new tmp dir if unset) and build the
+    EvalConfig from the trainer's flags, staging under the workdir unless the flags say where."""
+    workdir = args.workdir or tempfile.mkdtemp(prefix="actorsys-train-")
+    base = os.path.join(workdir, "base")
+    tokenizer, model_config = make_base_checkpoint(base)
+    overrides: dict[str, object] = {"base_checkpoint": base}
+    if args.eval_hf_dir is None and args.save_hf is None:
+        overrides["hf_dir"] = os.path.join(workdir, "staging")
+    return tokenizer, model_config, EvalConfig.from_args(args, **overrides)
 
 
 def new_model(config: LlamaConfig, seed: int = 0) -> LlamaForCausalLM:

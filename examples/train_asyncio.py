@@ -15,9 +15,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import os
 import sys
-import tempfile
 from typing import Any
 
 import tiny_lm
@@ -46,13 +44,7 @@ async def generate_rollout(tokenizer: Any, step: int) -> dict[str, torch.Tensor]
 
 async def train(args: argparse.Namespace) -> dict[str, Any]:
     """Train, evaluating every K steps; return the outcomes and the close report."""
-    workdir = args.workdir or tempfile.mkdtemp(prefix="actorsys-train-")
-    base = os.path.join(workdir, "base")
-    tokenizer, model_config = tiny_lm.make_base_checkpoint(base)
-    overrides: dict[str, object] = {"base_checkpoint": base}
-    if args.eval_hf_dir is None and args.save_hf is None:
-        overrides["hf_dir"] = os.path.join(workdir, "staging")
-    config = EvalConfig.from_args(args, **overrides)
+    tokenizer, model_config, config = tiny_lm.set_up(args)
 
     model = tiny_lm.new_model(model_config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)

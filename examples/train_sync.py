@@ -13,9 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import sys
-import tempfile
 
 import tiny_lm
 import torch
@@ -38,13 +36,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     transformers.utils.logging.disable_progress_bar()
-    workdir = args.workdir or tempfile.mkdtemp(prefix="actorsys-train-")
-    base = os.path.join(workdir, "base")
-    tokenizer, model_config = tiny_lm.make_base_checkpoint(base)
-    overrides: dict[str, object] = {"base_checkpoint": base}
-    if args.eval_hf_dir is None and args.save_hf is None:
-        overrides["hf_dir"] = os.path.join(workdir, "staging")
-    config = EvalConfig.from_args(args, **overrides)
+    tokenizer, model_config, config = tiny_lm.set_up(args)
 
     model = tiny_lm.new_model(model_config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
