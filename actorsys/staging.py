@@ -116,6 +116,11 @@ def sweep(staging: str) -> list[str]:
     return removed
 
 
+def tmp_dirs(staging: str) -> list[str]:
+    """The tmp directories in ``staging`` now (for tests and statistics)."""
+    return sorted(e for e in os.listdir(staging) if e.startswith(TMP_PREFIX))
+
+
 def _write_file(path: str, data: bytes) -> None:
     with open(path, "wb") as f:
         f.write(data)

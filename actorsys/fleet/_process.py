@@ -43,6 +43,15 @@ class ManagedProcess:
         """None while the reaper runs, else its exit status (the command's, or -signal)."""
         return self._popen.poll()
 
+    def command_pid(self) -> int | None:
+        """The pid of the command itself (the reaper's child), or None once it has ended."""
+        try:
+            with open(f"/proc/{self.pid}/task/{self.pid}/children", encoding="ascii") as f:
+                children = f.read().split()
+        except OSError:
+            return None
+        return int(children[0]) if children else None
+
     def signal_group(self, signum: int) -> None:
         """Send ``signum`` to every process of the group; nothing if it is gone."""
         try:
