@@ -29,7 +29,9 @@ EXPECTED = {
     "SupervisorClosedError",
     "SupervisorGaveUpError",
     "SupervisorStatistics",
+    "TensorBoardSink",
     "VLLMEngine",
+    "WandbSink",
 }
 
 
