@@ -72,4 +72,4 @@ def scalar_metrics(outcome: Outcome) -> dict[str, float]:
 def _checked(sink: Any, field: str) -> Sink:
     if not callable(getattr(sink, "record", None)):
         raise ConfigError("sink", f"{field} = {sink!r} has no record(outcome) method")
-    return sink  # type: ignore[no-any-return]
+    return sink
