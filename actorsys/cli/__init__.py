@@ -7,7 +7,9 @@ the close timeout, exit 130.
 
 from __future__ import annotations
 
+import argparse
 import sys
+from typing import cast
 
 from actorsys.cli._conventions import EXIT_INTERRUPTED, CommandParser
 from actorsys.cli.demo import add_demo_command
@@ -22,7 +24,10 @@ def build_parser() -> CommandParser:
         description="Non-blocking evaluation of training checkpoints.",
         epilog="Run 'actorsys COMMAND --help' for a command's options.",
     )
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands = cast(
+        "argparse._SubParsersAction[argparse.ArgumentParser]",
+        parser.add_subparsers(dest="command", metavar="COMMAND"),
+    )
     add_demo_command(commands)
     add_watch_command(commands)
     add_report_command(commands)

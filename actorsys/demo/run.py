@@ -28,6 +28,7 @@ from actorsys.demo.progress import DemoProgress
 from actorsys.fleet.local import VLLM_PYTHON, EngineSpec, embedded, vllm
 from actorsys.outcome import Outcome
 from actorsys.sinks import JsonlSink
+from actorsys.sinks_fanout import FanoutSink
 
 log = logging.getLogger("actorsys.demo")
 
@@ -132,7 +133,7 @@ def run_demo(settings: DemoSettings, console: Console) -> DemoResult:
         ) as held:
             progress = DemoProgress(steps=settings.steps, score=SCORE, console=console)
             with progress, EvalBridge(
-                config, eval_fn=DatasetEval([dataset]), fleet=held.fleets, sink=[jsonl, progress]
+                config, eval_fn=DatasetEval([dataset]), fleet=held.fleets, sink=FanoutSink([jsonl, progress])
             ) as bridge:
                 model.train()
                 for step in range(1, settings.steps + 1):
@@ -179,7 +180,8 @@ def print_summary(result: DemoResult, settings: DemoSettings, console: Console) 
         stalls_ms = [s * 1000 for s in result.stalls.values()]
         console.print(
             f"trainer stall per eval point: median {statistics.median(stalls_ms):.1f} ms, "
-            f"max {max(stalls_ms):.1f} ms (the weight copy; the last point, which may wait for a slot, left out); "
+            f"max {max(stalls_ms):.1f} ms (the weight copy; the last point, which may wait "
+            "for a slot, left out); "
             f"a blocking save_pretrained + fsync of this model: "
             f"{result.blocking_save_seconds * 1000:.1f} ms"
         )
@@ -190,7 +192,10 @@ def print_summary(result: DemoResult, settings: DemoSettings, console: Console) 
 def check_engine(settings: DemoSettings) -> str | None:
     """Why ``settings.engine`` cannot run here, or None."""
     if settings.engine == "vllm" and not os.path.exists(VLLM_PYTHON):
-        return f"argument --engine: {VLLM_PYTHON} not found; run scripts/setup_vllm.sh or pass --engine embedded"
+        return (
+            f"argument --engine: {VLLM_PYTHON} not found; run scripts/setup_vllm.sh or pass "
+            "--engine embedded"
+        )
     return None
 
 
