@@ -19,6 +19,13 @@ from actorsys.contracts import (
     RolloutFnTrainInput,
     RolloutFnTrainOutput,
 )
+from actorsys.evals import (
+    DatasetError,
+    EvalDataset,
+    datasets_from_args,
+    load_eval_config,
+    score,
+)
 from actorsys.fleet import (
     Engine,
     EngineUnhealthyError,
@@ -38,11 +45,13 @@ __all__ = [
     "CheckpointEvalFn",
     "CloseReport",
     "ConfigError",
+    "DatasetError",
     "DrainReport",
     "DuplicateStepError",
     "Engine",
     "EngineUnhealthyError",
     "EvalConfig",
+    "EvalDataset",
     "EvalSkip",
     "EvalSupervisor",
     "Fleet",
@@ -62,4 +71,7 @@ __all__ = [
     "SupervisorGaveUpError",
     "SupervisorStatistics",
     "VLLMEngine",
+    "datasets_from_args",
+    "load_eval_config",
+    "score",
 ]
