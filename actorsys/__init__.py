@@ -21,6 +21,7 @@ from actorsys.contracts import (
 )
 from actorsys.evals import (
     DatasetError,
+    DatasetEval,
     EvalDataset,
     datasets_from_args,
     load_eval_config,
@@ -46,6 +47,7 @@ __all__ = [
     "CloseReport",
     "ConfigError",
     "DatasetError",
+    "DatasetEval",
     "DrainReport",
     "DuplicateStepError",
     "Engine",

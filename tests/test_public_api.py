@@ -7,6 +7,7 @@ EXPECTED = {
     "CloseReport",
     "ConfigError",
     "DatasetError",
+    "DatasetEval",
     "DrainReport",
     "DuplicateStepError",
     "Engine",

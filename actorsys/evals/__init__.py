@@ -4,8 +4,10 @@
   datasets) and :func:`datasets_from_args` (miles' eval flags): one definition of what to
   evaluate, shared by the pipeline's fleet, external servers and the watch service.
 - :func:`score` and the scorers ``exact``, ``numeric``, ``math`` (math-verify), ``choice``.
+- :class:`DatasetEval`: samples and scores datasets on the pipeline's pinned fleet.
 """
 
+from actorsys.evals.dataset_eval import DatasetEval
 from actorsys.evals.datasets import DatasetError, EvalDataset
 from actorsys.evals.eval_config import load_eval_config
 from actorsys.evals.flags import datasets_from_args
@@ -14,6 +16,7 @@ from actorsys.evals.scorers import SCORERS, score
 __all__ = [
     "SCORERS",
     "DatasetError",
+    "DatasetEval",
     "EvalDataset",
     "datasets_from_args",
     "load_eval_config",
