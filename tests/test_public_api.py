@@ -28,6 +28,7 @@ EXPECTED = {
     "RolloutFnTrainInput",
     "RolloutFnTrainOutput",
     "SGLangEngine",
+    "ServerEvalFn",
     "SubmitError",
     "SupervisorClosedError",
     "SupervisorGaveUpError",
