@@ -19,6 +19,15 @@ from actorsys.contracts import (
     RolloutFnTrainInput,
     RolloutFnTrainOutput,
 )
+from actorsys.evals import (
+    DatasetError,
+    DatasetEval,
+    EvalDataset,
+    ServerEvalFn,
+    datasets_from_args,
+    load_eval_config,
+    score,
+)
 from actorsys.fleet import (
     Engine,
     EngineUnhealthyError,
@@ -40,11 +49,14 @@ __all__ = [
     "CheckpointEvalFn",
     "CloseReport",
     "ConfigError",
+    "DatasetError",
+    "DatasetEval",
     "DrainReport",
     "DuplicateStepError",
     "Engine",
     "EngineUnhealthyError",
     "EvalConfig",
+    "EvalDataset",
     "EvalSkip",
     "EvalSupervisor",
     "Fleet",
@@ -59,6 +71,7 @@ __all__ = [
     "RolloutFnTrainInput",
     "RolloutFnTrainOutput",
     "SGLangEngine",
+    "ServerEvalFn",
     "SubmitError",
     "SupervisorClosedError",
     "SupervisorGaveUpError",
@@ -66,4 +79,7 @@ __all__ = [
     "TensorBoardSink",
     "VLLMEngine",
     "WandbSink",
+    "datasets_from_args",
+    "load_eval_config",
+    "score",
 ]
