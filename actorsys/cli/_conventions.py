@@ -43,6 +43,8 @@ def setup_logging(level: str) -> None:
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
         force=True,
     )
+    if level.lower() != "debug":
+        logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def int_at_least(minimum: int) -> Callable[[str], int]:
