@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 import trio
 
+from actorsys._errors import SupervisorClosedError
 from actorsys.config import EvalConfig
 from actorsys.fleet.engine import Fleet
 from actorsys.outcome import Outcome
@@ -170,11 +171,16 @@ class Watcher:
                     self._order.append(checkpoint)
                     self.started[checkpoint.step] = time.time()
                     log.info("evaluating %s (step %d)", checkpoint.name, checkpoint.step)
-                    await sup.submit(
-                        checkpoint.step,
-                        checkpoint_dir=checkpoint.path,
-                        require_marker=checkpoint.marked,
-                    )
+                    try:
+                        await sup.submit(
+                            checkpoint.step,
+                            checkpoint_dir=checkpoint.path,
+                            require_marker=checkpoint.marked,
+                        )
+                    except SupervisorClosedError:
+                        if self.report.interrupted:
+                            return False
+                        raise
                 if not self._order:
                     if waiting:
                         return True
