@@ -29,6 +29,7 @@ from actorsys.fleet.local import VLLM_PYTHON, EngineSpec, embedded, vllm
 from actorsys.outcome import Outcome
 from actorsys.sinks import JsonlSink
 from actorsys.sinks_fanout import FanoutSink
+from actorsys.watch.fleets import model_length
 
 log = logging.getLogger("actorsys.demo")
 
@@ -60,7 +61,8 @@ class DemoResult:
 
 def engine_specs(settings: DemoSettings, model_dir: str) -> list[EngineSpec]:
     if settings.engine == "vllm":
-        return [vllm(model_dir, python=VLLM_PYTHON) for _ in range(settings.engines)]
+        length = model_length(model_dir)
+        return [vllm(model_dir, python=VLLM_PYTHON, max_model_len=length) for _ in range(settings.engines)]
     return [embedded(model_dir) for _ in range(settings.engines)]
 
 

@@ -4,6 +4,7 @@ parallel."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -38,7 +39,8 @@ async def started_fleets(
     embedded engine otherwise), dealt into ``fleets`` fleets; stop them on the way out."""
     model_dir = checkpoint.path
     if flavor == "vllm":
-        specs = [vllm(model_dir, python=VLLM_PYTHON) for _ in range(engines)]
+        length = model_length(model_dir)
+        specs = [vllm(model_dir, python=VLLM_PYTHON, max_model_len=length) for _ in range(engines)]
     else:
         specs = [embedded(model_dir) for _ in range(engines)]
     async with LocalFleet.open(specs, log_dir=log_dir, startup_timeout=startup_timeout) as local:
@@ -76,6 +78,14 @@ async def engine_for_url(url: str, flavor: Flavor, *, name: str) -> SGLangEngine
             "pass --flavor"
         ) from exc
     return engine
+
+
+def model_length(model_dir: str, cap: int = 512) -> int:
+    """The context length to serve ``model_dir`` with: its ``max_position_embeddings``, at
+    most ``cap`` (vLLM refuses a ``--max-model-len`` beyond what the model was built for)."""
+    with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
+        positions = json.load(f).get("max_position_embeddings") or cap
+    return min(cap, int(positions))
 
 
 def vllm_missing() -> str | None:
