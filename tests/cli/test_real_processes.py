@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests.models import PROMPTS, make_model, make_snapshot
 
@@ -102,8 +103,9 @@ def test_sigint_stops_watch_within_the_close_timeout_and_a_restart_resumes(
     before = done(out)
     assert before[0] == "step_1" and len(before) < CHECKPOINTS
 
-    resumed = subprocess.run(watch_command(root, data, out, "--once"), capture_output=True,
-                             text=True, timeout=200, env=env())
+    tensorboard = tmp_path / "tb"
+    resumed = subprocess.run(watch_command(root, data, out, "--once", "--tensorboard", str(tensorboard)),
+                             capture_output=True, text=True, timeout=200, env=env())
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     after = done(out)
     assert sorted(after, key=lambda name: int(name.split("_")[1])) == [
@@ -111,3 +113,7 @@ def test_sigint_stops_watch_within_the_close_timeout_and_a_restart_resumes(
     ]
     assert len(after) == len(set(after))
     assert after[: len(before)] == before
+    events = EventAccumulator(str(tensorboard))
+    events.Reload()
+    resumed_steps = [int(name.split("_")[1]) for name in after[len(before):]]
+    assert [e.step for e in events.Scalars("eval/tiny")] == resumed_steps
