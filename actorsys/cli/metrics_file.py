@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,9 +66,9 @@ def read_points(path: str | os.PathLike[str]) -> list[Point]:
     return points
 
 
-def score_metrics(points: list[Point]) -> list[str]:
-    """The eval fn's own metric names in ``points`` (not the pipeline's timings), headline
-    scores (``eval/<name>``) first."""
+def score_metrics(points: Sequence[Point]) -> list[str]:
+    """The headline scores in ``points``: ``eval/<name>`` (a dataset's mean score, as the
+    evaluations name it); where there are none, every metric but the pipeline's timings."""
     names = sorted({name for p in points for name in p.metrics} - set(PIPELINE_METRICS))
     headline = [n for n in names if n.count("/") == 1]
-    return headline + [n for n in names if n not in headline]
+    return headline or names

@@ -28,6 +28,7 @@ class DemoProgress:
         self.score = score
         self.console = console
         self.outcomes: list[Outcome] = []
+        self.stalls: dict[int, float] = {}
         self.step = 0
         self.loss: float | None = None
         self._started = time.monotonic()
@@ -40,10 +41,17 @@ class DemoProgress:
 
     def __exit__(self, *exc_info: Any) -> None:
         self._live.stop()
+        if not self.console.is_terminal:
+            self.console.line()
 
     def train_step(self, step: int, loss: float) -> None:
         with self._lock:
             self.step, self.loss = step, loss
+
+    def submitted(self, step: int, stall_seconds: float) -> None:
+        """How long the submit of ``step`` held up the trainer."""
+        with self._lock:
+            self.stalls[step] = stall_seconds
 
     def record(self, outcome: Outcome) -> None:
         with self._lock:
@@ -55,6 +63,7 @@ class DemoProgress:
     def _render(self) -> Group:
         with self._lock:
             step, loss, outcomes = self.step, self.loss, list(self.outcomes)
+            stalls = dict(self.stalls)
         elapsed = time.monotonic() - self._started
         header = Text.assemble(
             ("training ", "bold"),
@@ -67,9 +76,12 @@ class DemoProgress:
         table.add_column(self.score.removeprefix("eval/"), justify="right")
         table.add_column("lag (steps)", justify="right")
         table.add_column("eval (s)", justify="right")
+        table.add_column("trainer stall (ms)", justify="right")
         for outcome in outcomes:
             lag = outcome.metrics.get("eval/lag_steps")
             lag_text = "" if lag is None else f"{lag:.0f}"
+            stall = stalls.get(outcome.step)
+            stall_text = "" if stall is None else f"{stall * 1000:.1f}"
             if outcome.ok:
                 score = outcome.metrics.get(self.score)
                 duration = outcome.metrics.get("eval/duration_seconds")
@@ -78,7 +90,9 @@ class DemoProgress:
                     "" if score is None else f"{score:.2f}",
                     lag_text,
                     "" if duration is None else f"{duration:.2f}",
+                    stall_text,
                 )
             else:
-                table.add_row(str(outcome.step), Text(f"skipped: {outcome.reason}", "yellow"), lag_text, "")
+                skipped = Text(f"skipped: {outcome.reason}", "yellow")
+                table.add_row(str(outcome.step), skipped, lag_text, "", stall_text)
         return Group(header, table)

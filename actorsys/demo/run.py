@@ -152,8 +152,10 @@ def run_demo(settings: DemoSettings, console: Console) -> DemoResult:
                         final = step == settings.steps
                         submitted = time.perf_counter()
                         bridge.submit(step, model=model, force=final)
+                        stall = time.perf_counter() - submitted
+                        progress.submitted(step, stall)
                         if not final:
-                            result.stalls[step] = time.perf_counter() - submitted
+                            result.stalls[step] = stall
                 bridge.drain(timeout=config.close_timeout)
             result.outcomes = list(progress.outcomes)
     finally:
