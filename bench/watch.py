@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
+from transformers.utils import logging as transformers_logging
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -154,4 +155,6 @@ if __name__ == "__main__":
     parser.add_argument("--checkpoints", type=int, default=20)
     parser.add_argument("--poll-interval", type=float, default=1.0)
     parser.add_argument("--latency-points", type=int, default=5)
-    trio.run(main, parser.parse_args())
+    arguments = parser.parse_args()
+    transformers_logging.disable_progress_bar()
+    trio.run(main, arguments)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 from typing import Any
 
@@ -47,15 +48,31 @@ def _payloads(data: bytes) -> list[bytes]:
     return records
 
 
-def history_rows(run_dir: Path) -> list[dict[str, Any]]:
-    """Every ``run.log`` row of the offline run in ``run_dir``, in order, as plain dicts."""
-    (path,) = run_dir.glob("run-*.wandb")
+def _records(path: Path) -> list[Any]:
     data = path.read_bytes()
     assert data[:4] == b":W&B", f"{path} is not a wandb run file"
-    rows: list[dict[str, Any]] = []
+    records = []
     for payload in _payloads(data):
         record = wandb_internal_pb2.Record()
         record.ParseFromString(payload)
+        records.append(record)
+    return records
+
+
+def history_rows(run_dir: Path, *, timeout: float = 30.0) -> list[dict[str, Any]]:
+    """Every ``run.log`` row of the offline run in ``run_dir``, in order, as plain dicts.
+
+    wandb's service process may still be writing the file after ``finish()`` returns, so
+    this waits (up to ``timeout`` seconds) for the run's ``exit`` record."""
+    (path,) = run_dir.glob("run-*.wandb")
+    deadline = time.monotonic() + timeout
+    records = _records(path)
+    while not any(r.WhichOneof("record_type") == "exit" for r in records):
+        assert time.monotonic() < deadline, f"{path} has no exit record after {timeout} s"
+        time.sleep(0.1)
+        records = _records(path)
+    rows: list[dict[str, Any]] = []
+    for record in records:
         if record.WhichOneof("record_type") == "history":
             row = {}
             for item in record.history.item:
