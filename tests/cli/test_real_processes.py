@@ -1,7 +1,8 @@
 """The commands as a user runs them: real processes, real engines, real training.
 
-Slow (each starts engines): the demo with small settings (~30 s), and a real ``watch`` that
-gets SIGINT while it evaluates and is restarted (~30 s).
+Slow (each starts engines): the demo with small settings (~30 s), a real ``watch`` that gets
+SIGINT while it evaluates and is restarted (~30 s), and ``watch --once`` on two engines that
+run anyway (~15 s).
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from actorsys.fleet.local import free_port
 from tests.models import PROMPTS, make_model, make_snapshot
 
 CLOSE_TIMEOUT = 5.0
@@ -117,3 +120,50 @@ def test_sigint_stops_watch_within_the_close_timeout_and_a_restart_resumes(
     events.Reload()
     resumed_steps = [int(name.split("_")[1]) for name in after[len(before):]]
     assert [e.step for e in events.Scalars("eval/tiny")] == resumed_steps
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_watch_once_on_two_engine_urls_uses_both_and_finishes_in_step_order(
+    checkpoints: tuple[Path, Path], tmp_path: Path
+) -> None:
+    root, data = checkpoints
+    logs = [tmp_path / f"engine-{i}.log" for i in range(2)]
+    ports = [free_port(), free_port()]
+    engines = [
+        subprocess.Popen(actorsys("engine", "--model", str(root / "step_1"), "--port", str(port)),
+                         stdout=log.open("w"), stderr=subprocess.STDOUT, env=env())
+        for port, log in zip(ports, logs, strict=True)
+    ]
+    try:
+        urls = [f"http://127.0.0.1:{port}" for port in ports]
+        for url in urls:
+            wait_healthy(url, timeout=60)
+        out = tmp_path / "out"
+        run = subprocess.run(
+            actorsys("watch", str(root), "--eval-prompt-data", "tiny", str(data),
+                     "--eval-max-response-len", "8", "--engine-url", *urls, "--once",
+                     "--out", str(out)),
+            capture_output=True, text=True, timeout=120, env=env(),
+        )
+    finally:
+        for engine in engines:
+            engine.terminate()
+        for engine in engines:
+            engine.wait(timeout=30)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert done(out) == [f"step_{step}" for step in range(1, CHECKPOINTS + 1)]
+    for log in logs:
+        assert "loaded" in log.read_text()
+
+
+def wait_healthy(url: str, *, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"{url} was not healthy within {timeout} s")
