@@ -92,6 +92,8 @@ def run_watch(args: argparse.Namespace) -> int:
 
     from actorsys._errors import ConfigError
     from actorsys.evals import DatasetEval, datasets_from_args
+    from actorsys.fleet.engine import EngineUnhealthyError
+    from actorsys.fleet.local import FleetStartError
     from actorsys.watch.service import Watcher, WatchSettings, eval_key
 
     parser: argparse.ArgumentParser = args.parser
@@ -124,6 +126,18 @@ def run_watch(args: argparse.Namespace) -> int:
         log.info("watching %s (eval key %s); ledger %s/ledger.jsonl", settings.root,
                  watcher.eval_key, settings.out)
         report = trio.run(_serve, watcher)
+    except BaseExceptionGroup as group:
+        unusable = group.subgroup((FleetStartError, EngineUnhealthyError))
+        if unusable is None:
+            raise
+        leaf: BaseException = unusable
+        while isinstance(leaf, BaseExceptionGroup):
+            leaf = leaf.exceptions[0]
+        first = str(leaf).splitlines()[0].removesuffix("; log tail:")
+        sys.stderr.write(
+            f"actorsys watch: no engines to evaluate on: {first} (logs in {settings.out}/logs)\n"
+        )
+        return 1
     finally:
         sinks.close()
     if report.interrupted:
