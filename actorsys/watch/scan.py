@@ -58,17 +58,13 @@ def scan(root: str, *, quiet_seconds: float | None = None, now: float) -> list[C
 
 def _quiet_since(path: str, since: float) -> bool:
     """True if ``path`` holds at least one file and nothing in it changed after ``since``."""
-    newest: float | None = None
+    has_files = False
     try:
         for directory, _dirs, files in os.walk(path):
-            newest = max(newest or 0.0, os.stat(directory).st_mtime)
-            for name in files:
-                newest = max(newest, os.stat(os.path.join(directory, name)).st_mtime)
-                if newest > since:
-                    return False
-            if newest > since:
+            has_files = has_files or bool(files)
+            paths = [directory, *(os.path.join(directory, name) for name in files)]
+            if any(os.stat(p).st_mtime > since for p in paths):
                 return False
-        has_files = any(files for _d, _s, files in os.walk(path))
     except FileNotFoundError:
         return False
-    return has_files and newest is not None and newest <= since
+    return has_files

@@ -109,3 +109,16 @@ def test_offline_wandb_run_holds_every_point_against_eval_step(
         (10, 0.1), (30, 0.3), (20, 0.2), (40, None)
     ]
     assert rows[-1]["eval/skip_reason"] == "timeout"
+
+
+def test_the_bridge_records_into_every_sink_of_a_list(tmp_path: Path) -> None:
+    from bridge import EvalBridge
+
+    first, last = MemorySink(), MemorySink()
+    config = EvalConfig(hf_dir=tmp_path / "staging", keep_snapshots=0)
+    sinks = [first, Exploding(), last]
+    with EvalBridge(config, eval_fn=RecordingEval(), sink=sinks) as bridge:  # type: ignore[arg-type]
+        bridge.submit(1, state_dict=tiny_state_dict())
+        report = bridge.drain(timeout=30)
+    assert report.settled == [1]
+    assert [o.step for o in first.outcomes] == [1] and [o.step for o in last.outcomes] == [1]
