@@ -20,6 +20,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from actorsys.fleet.local import free_port
+from tests.fleet.conftest import corrupt_copy
 from tests.models import PROMPTS, make_model, make_snapshot
 
 CLOSE_TIMEOUT = 5.0
@@ -124,10 +125,11 @@ def test_sigint_stops_watch_within_the_close_timeout_and_a_restart_resumes(
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_watch_once_on_two_engine_urls_uses_both_and_finishes_in_step_order(
+def test_watch_once_on_two_engine_urls_uses_both_lands_in_step_order_and_fails_a_poison_one(
     checkpoints: tuple[Path, Path], tmp_path: Path
 ) -> None:
     root, data = checkpoints
+    corrupt_copy(root / "step_2", root / f"step_{CHECKPOINTS + 1}")
     logs = [tmp_path / f"engine-{i}.log" for i in range(2)]
     ports = [free_port(), free_port()]
     engines = [
@@ -143,7 +145,7 @@ def test_watch_once_on_two_engine_urls_uses_both_and_finishes_in_step_order(
         run = subprocess.run(
             actorsys("watch", str(root), "--eval-prompt-data", "tiny", str(data),
                      "--eval-max-response-len", "8", "--engine-url", *urls, "--once",
-                     "--out", str(out)),
+                     "--max-attempts", "2", "--out", str(out)),
             capture_output=True, text=True, timeout=120, env=env(),
         )
     finally:
@@ -151,8 +153,12 @@ def test_watch_once_on_two_engine_urls_uses_both_and_finishes_in_step_order(
             engine.terminate()
         for engine in engines:
             engine.wait(timeout=30)
-    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.returncode == 1, run.stderr[-3000:]
     assert done(out) == [f"step_{step}" for step in range(1, CHECKPOINTS + 1)]
+    entries = [json.loads(line) for line in (out / "ledger.jsonl").read_text().splitlines()]
+    poison = [e["status"] for e in entries if e["step"] == CHECKPOINTS + 1]
+    assert poison == ["skipped", "skipped", "failed"]
+    assert f"1 failed [{CHECKPOINTS + 1}]" in run.stdout
     for log in logs:
         assert "loaded" in log.read_text()
 
