@@ -1,9 +1,9 @@
-"""``actorsys demo``: a tiny model learns 2-digit addition from scratch while every K-th
+"""'actorsys demo': a tiny model learns 2-digit addition from scratch while every K-th
 step's weights are evaluated live on a local fleet of CPU engines, without the trainer
 waiting for a score.
 
 Shows the training step and loss and each eval point as it lands (score, lag, or why it was
-skipped); leaves OUT/metrics.jsonl and OUT/eval.png (held-out accuracy by step beside the
+skipped); leaves DIR/metrics.jsonl and DIR/eval.png (held-out accuracy by step beside the
 training loss), and prints a summary with the trainer's stall per eval point next to what a
 blocking save would cost. Progress goes to stderr, the summary to stdout.
 """

@@ -1,5 +1,5 @@
-"""``actorsys report METRICS.jsonl [--png FILE]``: a table of the points of a metrics file
-(``demo`` and ``watch`` write one; so does ``JsonlSink``) and a plot of its eval metrics by
+"""'actorsys report METRICS.jsonl [--png FILE]': a table of the points of a metrics file
+('demo' and 'watch' write one; so does 'JsonlSink') and a plot of its eval metrics by
 step. The table goes to stdout."""
 
 from __future__ import annotations

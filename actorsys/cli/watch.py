@@ -1,16 +1,16 @@
-"""``actorsys watch DIR``: evaluate every complete checkpoint under DIR exactly once, in step
-order, with the same dataset definitions a trainer uses (``--eval-config`` or
-``--eval-prompt-data``).
+"""'actorsys watch DIR': evaluate every complete checkpoint under DIR exactly once, in step
+order, with the same dataset definitions a trainer uses ('--eval-config' or
+'--eval-prompt-data').
 
 A checkpoint is a subdirectory whose name ends in its step number; it is complete when it
-holds ``.complete`` (or, with ``--quiet-seconds``, when nothing in it changed for that long).
-DIR is polled every ``--poll-interval`` seconds (no inotify: it fires on no network
+holds '.complete' (or, with '--quiet-seconds', when nothing in it changed for that long).
+DIR is polled every '--poll-interval' seconds (no inotify: it fires on no network
 filesystem). OUT/ledger.jsonl records every attempt, keyed by checkpoint and a hash of the
 eval settings; a restart resumes from it, and new eval settings re-evaluate the backlog. A
-failed point is retried up to ``--max-attempts`` times, then recorded ``failed``.
+failed point is retried up to '--max-attempts' times, then recorded 'failed'.
 OUT/metrics.jsonl gets one line per attempt; each settled point is also printed on stdout.
-``--once`` processes the backlog and exits 0, or 1 if a point failed. Ctrl-C stops within
-``--eval-close-timeout`` (exit 130).
+'--once' processes the backlog and exits 0, or 1 if a point failed. Ctrl-C stops within
+'--eval-close-timeout' (exit 130).
 """
 
 from __future__ import annotations
