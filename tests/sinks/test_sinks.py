@@ -19,7 +19,7 @@ from actorsys import (
 )
 from actorsys.sinks_fanout import FanoutSink, as_sink
 from tests.fakes import RecordingEval, tiny_state_dict
-from tests.sinks.wandb_records import history_rows
+from tests.sinks.wandb_records import history_rows, step_metrics
 
 # Settle order as a lagged pipeline produces it: step 20 lands after step 30.
 OUTCOMES = [
@@ -109,6 +109,7 @@ def test_offline_wandb_run_holds_every_point_against_eval_step(
         (10, 0.1), (30, 0.3), (20, 0.2), (40, None)
     ]
     assert rows[-1]["eval/skip_reason"] == "timeout"
+    assert step_metrics(run_dir)["eval/*"] == "eval/step"
 
 
 def test_the_bridge_records_into_every_sink_of_a_list(tmp_path: Path) -> None:

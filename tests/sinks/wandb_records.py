@@ -59,11 +59,7 @@ def _records(path: Path) -> list[Any]:
     return records
 
 
-def history_rows(run_dir: Path, *, timeout: float = 30.0) -> list[dict[str, Any]]:
-    """Every ``run.log`` row of the offline run in ``run_dir``, in order, as plain dicts.
-
-    wandb's service process may still be writing the file after ``finish()`` returns, so
-    this waits (up to ``timeout`` seconds) for the run's ``exit`` record."""
+def _finished_records(run_dir: Path, timeout: float) -> list[Any]:
     (path,) = run_dir.glob("run-*.wandb")
     deadline = time.monotonic() + timeout
     records = _records(path)
@@ -71,8 +67,25 @@ def history_rows(run_dir: Path, *, timeout: float = 30.0) -> list[dict[str, Any]
         assert time.monotonic() < deadline, f"{path} has no exit record after {timeout} s"
         time.sleep(0.1)
         records = _records(path)
+    return records
+
+
+def step_metrics(run_dir: Path, *, timeout: float = 30.0) -> dict[str, str]:
+    """``define_metric`` records of the run: metric name or glob -> its step metric."""
+    return {
+        r.metric.name or r.metric.glob_name: r.metric.step_metric
+        for r in _finished_records(run_dir, timeout)
+        if r.WhichOneof("record_type") == "metric"
+    }
+
+
+def history_rows(run_dir: Path, *, timeout: float = 30.0) -> list[dict[str, Any]]:
+    """Every ``run.log`` row of the offline run in ``run_dir``, in order, as plain dicts.
+
+    wandb's service process may still be writing the file after ``finish()`` returns, so
+    this waits (up to ``timeout`` seconds) for the run's ``exit`` record."""
     rows: list[dict[str, Any]] = []
-    for record in records:
+    for record in _finished_records(run_dir, timeout):
         if record.WhichOneof("record_type") == "history":
             row = {}
             for item in record.history.item:
