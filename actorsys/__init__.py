@@ -19,6 +19,15 @@ from actorsys.contracts import (
     RolloutFnTrainInput,
     RolloutFnTrainOutput,
 )
+from actorsys.evals import (
+    DatasetError,
+    DatasetEval,
+    EvalDataset,
+    ServerEvalFn,
+    datasets_from_args,
+    load_eval_config,
+    score,
+)
 from actorsys.fleet import (
     Engine,
     EngineUnhealthyError,
@@ -30,6 +39,8 @@ from actorsys.fleet import (
 )
 from actorsys.outcome import CloseReport, DrainReport, Outcome, SupervisorStatistics
 from actorsys.sinks import JsonlSink, MemorySink
+from actorsys.sinks_tensorboard import TensorBoardSink
+from actorsys.sinks_wandb import WandbSink
 from actorsys.supervisor import EvalSupervisor
 
 __all__ = [
@@ -38,11 +49,14 @@ __all__ = [
     "CheckpointEvalFn",
     "CloseReport",
     "ConfigError",
+    "DatasetError",
+    "DatasetEval",
     "DrainReport",
     "DuplicateStepError",
     "Engine",
     "EngineUnhealthyError",
     "EvalConfig",
+    "EvalDataset",
     "EvalSkip",
     "EvalSupervisor",
     "Fleet",
@@ -57,9 +71,15 @@ __all__ = [
     "RolloutFnTrainInput",
     "RolloutFnTrainOutput",
     "SGLangEngine",
+    "ServerEvalFn",
     "SubmitError",
     "SupervisorClosedError",
     "SupervisorGaveUpError",
     "SupervisorStatistics",
+    "TensorBoardSink",
     "VLLMEngine",
+    "WandbSink",
+    "datasets_from_args",
+    "load_eval_config",
+    "score",
 ]
