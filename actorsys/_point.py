@@ -56,12 +56,20 @@ class Point:
     checkpoint: str | None = None
     require_marker: bool = False
     snapshot: str | None = None
+    scratch: str | None = None
     lease: FleetLease | None = None
     weight_version: str | None = None
     output: RolloutFnEvalOutput | None = None
     reason: str | None = None
     error: str | None = None
     metrics: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def files(self) -> list[str]:
+        """What actorsys wrote for this point and must delete unless the ring keeps it: the
+        snapshot it published, or the tmp dir of an export that did not finish."""
+        owned = [self.snapshot] if self.owned and self.snapshot is not None else []
+        return owned + ([self.scratch] if self.scratch is not None else [])
 
     @property
     def owned(self) -> bool:

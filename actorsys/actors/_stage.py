@@ -147,7 +147,7 @@ class Stage:
         else:
             # Cancelled from outside (a sibling's crash, the supervisor stopping): the point
             # stays this actor's until its crash is reported or a close settles it.
-            self._stranded[ticket.step] = point
+            ticket.point = self._stranded[ticket.step] = self.leave(point, done=False)
 
 
 class SequentialStage(Stage):

@@ -1,15 +1,17 @@
 """Exporter: turns a submitted point into a complete checkpoint directory on disk.
 
 It owns the points waiting for their export and the one being written, and the captured
-weights until the snapshot is written. Every file operation (the tmp dir, the write, the
-fsyncs and the atomic rename of ``publish``, a discard) runs in a worker thread.
+weights until the snapshot is written. The write of captured weights, with every fsync of the
+snapshot, runs in a worker thread; a tmp dir an export did not finish goes on with the point
+for the Retirer to delete (in its thread). What stays
+in the trio thread is metadata on the staging dir: creating the tmp dir, the rename that
+publishes it (with the fsync of the staging dir), and the seal of a delegated export (whose
+files the export fn wrote and flushed itself).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from typing import TypeVar
 
 import trio
 
@@ -22,8 +24,6 @@ from actorsys.config import EvalConfig
 from actorsys.outcome import EXPORT_TIME_SECONDS
 from actorsys.runtime import ThreadTracker, run_blocking
 from actorsys.snapshot import write_snapshot
-
-T = TypeVar("T")
 
 NAME = "exporter"
 
@@ -47,13 +47,14 @@ class Exporter(SequentialStage):
         self.staging_dir = staging_dir
         self.tracker = tracker
         self.write_limiter = trio.CapacityLimiter(config.max_in_flight)
-        self.file_limiter = trio.CapacityLimiter(1)
+        self._scratch: dict[int, str] = {}
 
     def leave(self, point: Point, *, done: bool) -> Point:
-        if point.weights is None:
-            return point
-        point.weights.release()
-        return point.but(weights=None)
+        """The weights are no longer needed; a tmp dir the export left goes with the point,
+        for the Retirer to delete."""
+        if point.weights is not None:
+            point.weights.release()
+        return point.but(weights=None, scratch=self._scratch.pop(point.step, point.scratch))
 
     async def work(self, point: Point) -> Result:
         if point.source is Source.CHECKPOINT:
@@ -77,51 +78,42 @@ class Exporter(SequentialStage):
         staging_dir = self.staging_dir
         assert staging_dir is not None
         step = point.step
-        tmp: str | None = None
-        published = False
         try:
-            tmp = staging.new_tmp_dir(staging_dir, step)
-            directory = tmp
             if point.source is Source.WEIGHTS:
-                weights = point.weights
-                assert weights is not None
-                base = self.config.base_checkpoint
+                directory = staging.tmp_path(staging_dir, step)
+                self._scratch[step] = staging.make_tmp_dir(directory, durable=False)
                 await run_blocking(
-                    lambda: write_snapshot(
-                        weights,
-                        directory,
-                        base_checkpoint=None if base is None else os.fspath(base),
-                        max_shard_size=self.config.max_shard_size,
-                    ),
+                    lambda: self._write_weights(point, directory),
                     abandon_on_cancel=True,
                     limiter=self.write_limiter,
                     description=f"export of step {step}",
                     tracker=self.tracker,
                 )
             else:
+                # A delegated export: the tmp dir and the seal are a few metadata writes,
+                # done here so no thread hop delays the point (the export itself awaits).
+                directory = self._scratch[step] = staging.new_tmp_dir(staging_dir, step)
                 assert point.export is not None
                 await point.export(step, directory)
                 if not staging.has_weights(directory):
                     return Skip("export_failed", f"export of step {step} wrote no weight files")
+                staging.seal(directory)
             final = staging.final_dir(staging_dir, step)
-            staging.publish(directory, final)
-            published = True
+            staging.install(directory, final)
+            del self._scratch[step]
             return Done(point.but(snapshot=final))
         except Exception as exc:
             return Skip("export_failed", f"{type(exc).__name__}: {exc}")
-        finally:
-            if tmp is not None and not published:
-                doomed = tmp
-                with trio.CancelScope(shield=True):
-                    await self._files(lambda: staging.discard(doomed), "discard")
 
-    async def _files(self, fn: Callable[[], T], what: str) -> T:
-        """Short file work (mkdir, fsync, rename, rmtree of a partial dir): not abandoned, so
-        its effect is known when this returns."""
-        return await run_blocking(
-            fn,
-            abandon_on_cancel=False,
-            limiter=self.file_limiter,
-            description=f"exporter: {what}",
-            tracker=self.tracker,
+    def _write_weights(self, point: Point, tmp: str) -> None:
+        """In the export thread: the snapshot and its seal (every fsync). It only ever writes
+        into ``tmp``, so it is safe to abandon."""
+        assert point.weights is not None
+        base = self.config.base_checkpoint
+        write_snapshot(
+            point.weights,
+            tmp,
+            base_checkpoint=None if base is None else os.fspath(base),
+            max_shard_size=self.config.max_shard_size,
         )
+        staging.seal(tmp)

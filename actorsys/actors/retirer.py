@@ -66,9 +66,7 @@ class Retirer:
         snapshot it may have written since, unless the ring keeps it."""
         if point.weights is not None:
             point.weights.release()
-        if point.owned and point.snapshot not in self.ring:
-            assert point.snapshot is not None
-            self._queue_delete(None, [point.snapshot])
+        self._queue_delete(None, [path for path in point.files if path not in self.ring])
 
     def note_step(self, step: int) -> None:
         if self.noted_step is None or step > self.noted_step:
@@ -139,13 +137,13 @@ class Retirer:
     # -- deleting ---------------------------------------------------------------------
 
     def _doomed(self, point: Point, *, keep: bool) -> list[str]:
+        doomed = [point.scratch] if point.scratch is not None else []
         if not point.owned:
-            return []
+            return doomed
         assert point.snapshot is not None
         if not keep or self.config.keep_snapshots == 0:
-            return [point.snapshot]
+            return [*doomed, point.snapshot]
         self.ring.append(point.snapshot)
-        doomed = []
         while len(self.ring) > self.config.keep_snapshots:
             doomed.append(self.ring.popleft())
         return doomed
@@ -163,7 +161,12 @@ class Retirer:
             while not self._deletes:
                 await self._queued.park()
             step, paths = self._deletes.popleft()
-            await self._delete(step, paths)
+            try:
+                await self._delete(step, paths)
+            except trio.Cancelled:
+                # Cancelled before its thread started: the delete is still to be done.
+                self._deletes.appendleft((step, paths))
+                raise
             self._queued.unpark_all()
 
     async def _wait_deleted(self) -> None:
