@@ -54,6 +54,29 @@ async def drain(wiring: Wiring, timeout: float | None) -> DrainReport:  # noqa: 
     )
 
 
+class Closer:
+    """Closes a supervisor once; every later call waits for that close and returns its report."""
+
+    def __init__(self) -> None:
+        self._report: CloseReport | None = None
+        self._done = trio.Event()
+
+    async def close_once(
+        self, wiring: Wiring, eval_fn: Any, budget: float, drain: bool
+    ) -> CloseReport:
+        """Shielded from outer cancellation: it runs to completion within its own budget."""
+        if wiring.admission.closing:
+            await self._done.wait()
+            assert self._report is not None
+            return self._report
+        wiring.admission.closing = True
+        with trio.CancelScope(shield=True):
+            deadline = trio.current_time() + budget
+            report = self._report = await close(wiring, eval_fn, deadline, budget, drain)
+        self._done.set()
+        return report
+
+
 async def close(
     wiring: Wiring, eval_fn: Any, deadline: float, budget: float, drain: bool
 ) -> CloseReport:

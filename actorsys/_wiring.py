@@ -9,6 +9,7 @@ feeds it, so stopping them in this order lets every point in the pipeline move o
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from typing import Any
 
 import trio
 
+from actorsys import staging
 from actorsys._admission import Admission
 from actorsys._errors import ConfigError
 from actorsys._flight import Flight
@@ -32,6 +34,8 @@ from actorsys.outcome import SupervisorStatistics
 from actorsys.runtime import ActorSupervisor, ChildSpec, Restart, ThreadTracker
 from actorsys.sinks import MemorySink, Sink
 from actorsys.snapshot import BufferPool
+
+log = logging.getLogger("actorsys")
 
 SHUTDOWN_SECONDS = 1.0
 
@@ -59,6 +63,13 @@ class Wiring:
             closed=self.admission.closing,
         )
 
+    def give_up(self, exc: Exception) -> None:
+        """The actors crashed too often: admit nothing more; what is in flight settles
+        ``crashed`` now (the actors are being cancelled)."""
+        self.admission.gave_up = exc
+        self.retirer.settle_now("crashed", f"the supervisor gave up: {exc!r}")
+        self.flight.wake()
+
     def crashed(self, actor: str, exc: Exception) -> None:
         for stage in self.stages:
             if stage.name == actor:
@@ -71,11 +82,19 @@ def wire(
     eval_fn: Any,
     sink: Sink,
     fleets: Sequence[Fleet | None],
-    staging_dir: str | None,
     on_crash: Callable[[str, Exception], None],
     on_give_up: Callable[[Exception], None],
 ) -> Wiring:
-    """Build the actors of one supervisor (in the trio thread that will run them)."""
+    """Build the actors of one supervisor (in the trio thread that will run them), after
+    preparing the staging dir: tmp dirs an earlier crashed run left there are removed.
+
+    Raises :class:`~actorsys.ConfigError` if the staging dir is unusable.
+    """
+    staging_dir = config.staging_dir
+    if staging_dir is not None:
+        staging_dir = staging.prepare_staging_dir(staging_dir)
+        for path in staging.sweep(staging_dir):
+            log.info("removed %s left by an earlier run", path)
     flight = Flight()
     tracker = ThreadTracker()
     buffers = BufferPool(config.max_in_flight, on_free=flight.wake_from_any_thread)

@@ -12,8 +12,8 @@ Example::
 Inside, four supervised actors (Exporter -> FleetPinner -> EvalRunner -> Retirer, built in
 :mod:`actorsys._wiring`) move each point forward, each owning what it holds; admission is
 :mod:`actorsys._admission`, drain and close :mod:`actorsys._close`. The rules they keep are
-those of the design document (``DESIGN.md``, shipped beside the repository). Nothing an
-evaluation does is raised here: it settles as an :class:`~actorsys.Outcome`.
+those of the design document, ``../shared/DESIGN.md`` (kept outside this repository).
+Nothing an evaluation does is raised here: it settles as an :class:`~actorsys.Outcome`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import trio
 
-from actorsys import _close, staging
+from actorsys import _close
 from actorsys._admission import Reservation
 from actorsys._errors import SupervisorClosedError
 from actorsys._point import ExportFn
@@ -40,6 +40,10 @@ from actorsys.sinks import Sink
 from actorsys.snapshot import CapturedWeights, capture
 
 log = logging.getLogger("actorsys")
+
+NOT_STARTED = SupervisorStatistics(
+    in_flight=0, settled=0, ok=0, skipped_by_reason={}, restarts=0, gave_up=False, closed=False
+)
 
 __all__ = ["EvalSupervisor", "Reservation", "SubmitRequest"]
 
@@ -59,8 +63,7 @@ class EvalSupervisor:
         self.config = config
         self.eval_fn = eval_fn
         self._wiring: Wiring | None = None
-        self._close_report: CloseReport | None = None
-        self._close_done = trio.Event()
+        self._closer = _close.Closer()
 
     @classmethod
     @asynccontextmanager
@@ -99,17 +102,11 @@ class EvalSupervisor:
             raise
 
     def _wire(self) -> Wiring:
-        staging_dir = self.config.staging_dir
-        if staging_dir is not None:
-            staging_dir = staging.prepare_staging_dir(staging_dir)
-            for path in staging.sweep(staging_dir):
-                log.info("removed %s left by an earlier run", path)
         self._wiring = wire(
             self.config,
             eval_fn=self.eval_fn,
             sink=self.sink,
             fleets=self._fleets,
-            staging_dir=staging_dir,
             on_crash=self._on_crash,
             on_give_up=self._on_give_up,
         )
@@ -205,10 +202,7 @@ class EvalSupervisor:
 
     def _on_give_up(self, exc: Exception) -> None:
         log.error("too many actor crashes; the supervisor stops", exc_info=exc)
-        wiring = self._running()
-        wiring.admission.gave_up = exc
-        wiring.retirer.settle_now("crashed", f"the supervisor gave up: {exc!r}")
-        wiring.flight.wake()
+        self._running().give_up(exc)
 
     # -- drain and close ---------------------------------------------------------------------
 
@@ -234,29 +228,13 @@ class EvalSupervisor:
         stopping the actors. Shielded from outer cancellation, so it runs to completion within
         its own budget. Idempotent.
         """
-        wiring = self._wiring
-        if wiring is None:
+        if self._wiring is None:
             return CloseReport(clean=True, abandoned=[], stuck_threads=[])
-        if wiring.admission.closing:
-            await self._close_done.wait()
-            assert self._close_report is not None
-            return self._close_report
-        wiring.admission.closing = True
         budget = self.config.close_timeout if timeout is None else timeout
-        with trio.CancelScope(shield=True):
-            deadline = trio.current_time() + budget
-            report = await _close.close(wiring, self.eval_fn, deadline, budget, drain)
-        self._close_report = report
-        self._close_done.set()
-        return report
+        return await self._closer.close_once(self._wiring, self.eval_fn, budget, drain)
 
     # -- introspection -----------------------------------------------------------------------
 
     def statistics(self) -> SupervisorStatistics:
         """Points in flight, settled, skipped by reason, actor restarts."""
-        if self._wiring is None:
-            return SupervisorStatistics(
-                in_flight=0, settled=0, ok=0, skipped_by_reason={}, restarts=0,
-                gave_up=False, closed=False,
-            )
-        return self._wiring.statistics()
+        return NOT_STARTED if self._wiring is None else self._wiring.statistics()

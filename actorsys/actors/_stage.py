@@ -189,9 +189,7 @@ class SequentialStage(Stage):
 
     async def _receive(self, inbox: trio.MemoryReceiveChannel[Point]) -> None:
         async for point in inbox:
-            ticket = self.take(point)
-            if ticket is not None:
-                ticket.state = self.state
+            if self.take(point) is not None:
                 self._waiting.append(point)
                 self._arrived.unpark_all()
         self._ended = True
