@@ -47,6 +47,8 @@ class Retirer:
         self._deletes: deque[tuple[int | None, list[str]]] = deque()
         self._queued = trio.lowlevel.ParkingLot()
         self._limiter = trio.CapacityLimiter(1)
+        self._loop_ended = trio.Event()
+        self._loop_ended.set()
 
     # -- messages ---------------------------------------------------------------------
 
@@ -76,6 +78,7 @@ class Retirer:
 
     async def run(self, inbox: trio.MemoryReceiveChannel[Point]) -> None:
         async with inbox, trio.open_nursery() as nursery:
+            self._loop_ended = trio.Event()
             nursery.start_soon(self._delete_loop)
             async for point in inbox:
                 self.settle(point)
@@ -126,10 +129,10 @@ class Retirer:
         return sorted(cut)
 
     async def delete_leftovers(self) -> None:
-        """Delete, in this task, whatever the delete loop has not got to (at close); first
-        wait for the delete it may be running."""
-        async with self._limiter:
-            pass
+        """Delete, in this task, whatever the delete loop has not got to: at close, once the
+        actors were cancelled (this first waits for the loop to end, after the delete it may
+        be running)."""
+        await self._loop_ended.wait()
         while self._deletes:
             step, paths = self._deletes.popleft()
             await self._delete(step, paths)
@@ -157,17 +160,20 @@ class Retirer:
         self._queued.unpark_all()
 
     async def _delete_loop(self) -> None:
-        while True:
-            while not self._deletes:
-                await self._queued.park()
-            step, paths = self._deletes.popleft()
-            try:
-                await self._delete(step, paths)
-            except trio.Cancelled:
-                # Cancelled before its thread started: the delete is still to be done.
-                self._deletes.appendleft((step, paths))
-                raise
-            self._queued.unpark_all()
+        try:
+            while True:
+                while not self._deletes:
+                    await self._queued.park()
+                step, paths = self._deletes.popleft()
+                try:
+                    await self._delete(step, paths)
+                except trio.Cancelled:
+                    # Cancelled before its thread started: the delete is still to be done.
+                    self._deletes.appendleft((step, paths))
+                    raise
+                self._queued.unpark_all()
+        finally:
+            self._loop_ended.set()
 
     async def _wait_deleted(self) -> None:
         while self._deletes or self._limiter.borrowed_tokens:
