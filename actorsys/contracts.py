@@ -10,16 +10,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from actorsys._errors import ActorsysError, ConfigError, ConfigTypeError
+
 Runtime = Literal["trio", "asyncio", "thread"]
 RUNTIMES: tuple[Runtime, ...] = ("trio", "asyncio", "thread")
 
 
-class EvalSkip(Exception):  # noqa: N818 - the name is part of the public contract
-    """Raised by an eval fn to skip a point; the outcome is ``skipped`` with ``reason``."""
+class EvalSkip(ActorsysError):  # noqa: N818 - the name is part of the public contract
+    """Raised by an eval fn to skip a point; the outcome is ``skipped`` with ``reason``
+    (``detail``, if given, is the error text)."""
 
     def __init__(self, reason: str, detail: str | None = None) -> None:
         if not reason or not isinstance(reason, str):
-            raise ValueError("EvalSkip(reason): reason must be a non-empty string")
+            raise ConfigError("EvalSkip(reason)", "reason must be a non-empty string")
         super().__init__(reason if detail is None else f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
@@ -124,7 +127,9 @@ class CheckpointEvalFn(BaseRolloutFn):
 
     def __call__(self, input: RolloutFnBaseInput) -> Any:  # noqa: A002
         if not isinstance(input, RolloutFnEvalInput) or input.hf_dir is None:
-            raise TypeError("a CheckpointEvalFn is called with a RolloutFnEvalInput that has hf_dir")
+            raise ConfigTypeError(
+                "input", "a CheckpointEvalFn is called with a RolloutFnEvalInput that has hf_dir"
+            )
         return self.evaluate_checkpoint(input.hf_dir, input)
 
     def dispose(self) -> None:

@@ -14,6 +14,7 @@ SKIP_REASONS: tuple[str, ...] = (
     "export_failed",
     "export_timeout",
     "ckpt_missing",
+    "ckpt_invalid",
     "unhealthy",
     "pin_violation",
     "pin_timeout",

@@ -6,6 +6,9 @@ into ``.tmp-step_<N>-<id>``, made durable (fsync), marked ``.complete`` and then
 renames back to a ``.tmp-`` name before deleting, so an interrupted delete is swept at the next
 start. The sweep only ever removes marked ``.tmp-`` directories directly inside the staging
 dir, and never follows a symlink.
+
+Every function here blocks on the file system; the actors run the slow ones (writing and
+sealing a snapshot, retiring, discarding) through :func:`actorsys.runtime.run_blocking`.
 """
 
 from __future__ import annotations
@@ -43,21 +46,42 @@ def final_dir(staging: str, step: int) -> str:
     return os.path.join(staging, f"step_{step}")
 
 
-def new_tmp_dir(staging: str, step: int) -> str:
-    """Create a fresh, marked tmp directory for the export of ``step``."""
-    path = os.path.join(staging, f"{TMP_PREFIX}step_{step}-{uuid.uuid4().hex[:12]}")
+def tmp_path(staging: str, step: int) -> str:
+    """A fresh name for the tmp directory of the export of ``step`` (nothing is created)."""
+    return os.path.join(staging, f"{TMP_PREFIX}step_{step}-{uuid.uuid4().hex[:12]}")
+
+
+def make_tmp_dir(path: str, *, durable: bool = True) -> str:
+    """Create the marked tmp directory ``path``; return it. Without ``durable`` the marker is
+    not fsync'd here (``seal`` makes it durable with the rest: only a power loss before the
+    seal can lose it, and the sweep then leaves that directory alone)."""
     os.mkdir(path)
-    _write_file(os.path.join(path, MARKER), b"")
+    _write_file(os.path.join(path, MARKER), b"", durable=durable)
     return path
 
 
+def new_tmp_dir(staging: str, step: int) -> str:
+    """Create a fresh, marked tmp directory for the export of ``step``."""
+    return make_tmp_dir(tmp_path(staging, step))
+
+
+def seal(tmp: str) -> None:
+    """Mark ``tmp`` complete and make it durable (fsync): ready to ``install``."""
+    _write_file(os.path.join(tmp, COMPLETE), b"")
+    _fsync_dir(tmp)
+
+
 def publish(tmp: str, final: str) -> None:
-    """Mark ``tmp`` complete, make it durable, and rename it to ``final`` atomically.
+    """``seal`` then ``install``."""
+    seal(tmp)
+    install(tmp, final)
+
+
+def install(tmp: str, final: str) -> None:
+    """Rename a sealed ``tmp`` to ``final`` atomically and make the rename durable.
 
     A stale ``final`` from an earlier run is replaced only if actorsys created it.
     """
-    _write_file(os.path.join(tmp, COMPLETE), b"")
-    _fsync_dir(tmp)
     if os.path.lexists(final):
         if not is_ours(final):
             raise FileExistsError(f"{final} exists and was not created by actorsys")
@@ -121,11 +145,12 @@ def tmp_dirs(staging: str) -> list[str]:
     return sorted(e for e in os.listdir(staging) if e.startswith(TMP_PREFIX))
 
 
-def _write_file(path: str, data: bytes) -> None:
+def _write_file(path: str, data: bytes, *, durable: bool = True) -> None:
     with open(path, "wb") as f:
         f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
 
 
 def _fsync_dir(path: str) -> None:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 import trio
 
 from actorsys._errors import ConfigError, SupervisorClosedError
+from actorsys._submit import SubmitRequest
 from actorsys.config import EvalConfig, require_seconds
 from actorsys.outcome import CloseReport, DrainReport, SupervisorStatistics
 from actorsys.sinks import Sink
@@ -43,7 +44,7 @@ class Runtime:
         *,
         eval_fn: Any,
         fleet: Any,
-        sink: Sink | None,
+        sink: Sink | Sequence[Sink] | None,
         handoff_timeout: float,
     ) -> None:
         if not isinstance(config, EvalConfig):
@@ -74,16 +75,14 @@ class Runtime:
             return self.handoff_timeout
         return None
 
-    def post_reserve(
-        self, step: int, sources: Mapping[str, Any], force: bool
-    ) -> Call[Reservation | None]:
-        """Ask for a slot for ``step``. Raises :class:`SupervisorClosedError` after close."""
+    def post_reserve(self, request: SubmitRequest) -> Call[Reservation | None]:
+        """Ask for a slot for ``request``. Raises :class:`SupervisorClosedError` after close."""
         if self._close_call is not None or not self.trio.running:
             raise self.closed_error()
-        call: Call[Reservation | None] = Call(f"submit(step={step!r})")
+        call: Call[Reservation | None] = Call(f"submit(step={request.step!r})")
 
         def run(nursery: trio.Nursery) -> None:
-            nursery.start_soon(self._reserve, call, step, dict(sources), force)
+            nursery.start_soon(self._reserve, call, request)
 
         def refuse() -> None:
             call.fail(self.closed_error())
@@ -222,14 +221,12 @@ class Runtime:
     def _sup_launch(self, reservation: Reservation, weights: CapturedWeights | None) -> None:
         self.trio.supervisor.launch(reservation, weights)
 
-    async def _reserve(
-        self, call: Call[Reservation | None], step: int, sources: dict[str, Any], force: bool
-    ) -> None:
+    async def _reserve(self, call: Call[Reservation | None], request: SubmitRequest) -> None:
         sup = self.trio.supervisor
         with trio.CancelScope() as scope:
             call.on_abandon(lambda: self.trio.post(Command(lambda nursery: scope.cancel())))
             try:
-                reservation = await sup.reserve(step, force=force, **sources)
+                reservation = await sup.reserve(request)
             except Exception as exc:
                 call.fail(exc)
                 return
@@ -261,7 +258,7 @@ class BridgeBase:
         *,
         eval_fn: Any,
         fleet: Any = None,
-        sink: Sink | None = None,
+        sink: Sink | Sequence[Sink] | None = None,
         handoff_timeout: float = DEFAULT_HANDOFF_TIMEOUT,
     ) -> None:
         self._rt = Runtime(

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from actorsys._submit import SubmitRequest
 from actorsys.outcome import CloseReport, DrainReport
 from bridge._budgets import drains_on_exit
 from bridge._runtime import BridgeBase
@@ -104,18 +105,18 @@ class EvalBridge(BridgeBase):
         An interrupt during the wait admits nothing.
         """
         rt = self._rt
+        request = SubmitRequest(
+            step, model=model, state_dict=state_dict, export=export,
+            checkpoint_dir=checkpoint_dir, require_marker=require_marker, force=force,
+        )
         bound = rt.reserve_bound(timeout, force)
-        sources = {
-            "model": model, "state_dict": state_dict, "export": export,
-            "checkpoint_dir": checkpoint_dir, "require_marker": require_marker,
-        }
-        call = rt.post_reserve(step, sources, force)
+        call = rt.post_reserve(request)
         try:
             wait_any([call.future, rt.trio.finished], bound)
         except BaseException:
             rt.give_up(call)
             raise
-        return rt.copy_and_launch(call, bound, model if model is not None else state_dict)
+        return rt.copy_and_launch(call, bound, request.weights_source)
 
 
     def drain(self, timeout: float | None = None) -> DrainReport:

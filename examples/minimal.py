@@ -76,9 +76,6 @@ async def main(steps: int, every: int) -> None:
                 if step % every == 0:
                     await sup.submit(step, model=model)
                     print(f"step {step:3d}  train loss {loss.item():.3f}  -> submitted for eval")
-                # A trio trainer yields once a step so the actors can run; a sync or asyncio
-                # trainer embeds the supervisor through `bridge` instead.
-                await trio.lowlevel.checkpoint()
             report = await sup.drain(timeout=300)
         print(f"drained: settled {report.settled}, pending {report.pending}")
     for outcome in sink.outcomes:

@@ -9,7 +9,7 @@ import trio.testing
 
 from actorsys import EvalConfig, EvalSupervisor, MemorySink
 
-from .fakes import GatedEval, tiny_state_dict
+from .fakes import GatedEval, RecordingEval, tiny_state_dict, written_export
 
 
 async def test_backpressure_submit_waits_until_the_oldest_point_settles(
@@ -139,3 +139,23 @@ async def test_in_flight_never_exceeds_max_in_flight(staging: Path, sink: Memory
                 eval_fn.release(step)
         await sup.drain()
     assert peak == 3 and len(sink.outcomes) == 8
+
+
+async def test_latest_supersedes_a_point_waiting_behind_a_forced_export_at_once(
+    staging: Path, sink: MemorySink
+) -> None:
+    gate = trio.Event()
+
+    async def slow_export(step: int, path: str) -> None:
+        await gate.wait()
+        await written_export(step, path)
+
+    config = EvalConfig(hf_dir=staging, max_in_flight=2, overflow="latest")
+    async with EvalSupervisor.open(config, eval_fn=RecordingEval(), sink=sink) as sup:
+        await sup.submit(1, export=slow_export, force=True)
+        await sup.submit(2, export=written_export)
+        await sup.submit(3, export=written_export)
+        assert [(o.step, o.reason) for o in sink.outcomes] == [(2, "superseded")]
+        gate.set()
+        await sup.drain()
+    assert [(o.step, o.status) for o in sink.outcomes][1:] == [(1, "ok"), (3, "ok")]

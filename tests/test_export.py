@@ -27,6 +27,7 @@ from actorsys import (
 )
 from actorsys.actors import exporter
 from actorsys.snapshot import _write, capture
+from actorsys.supervisor import SubmitRequest
 
 from .snapshot_models import (
     fill_disk,
@@ -339,7 +340,7 @@ async def test_a_host_thread_copies_into_the_reserved_buffers(tmp_path):
     async with EvalSupervisor.open(
         EvalConfig(hf_dir=tmp_path / "hf"), eval_fn=LoadAndScore(), sink=sink
     ) as sup:
-        reservation = await sup.reserve(1, model=model)
+        reservation = await sup.reserve(SubmitRequest(1, model=model))
         assert reservation is not None
         assert reservation.buffers is not None
         weights = await trio.to_thread.run_sync(

@@ -10,6 +10,7 @@ import trio.testing
 
 from actorsys import EvalConfig, EvalSupervisor, Fleet, MemorySink
 from actorsys.snapshot import capture
+from actorsys.supervisor import SubmitRequest
 
 from .fakes import FakeEngine, HangingEval, RecordingEval, tiny_state_dict, written_export
 
@@ -32,7 +33,7 @@ async def test_launch_after_the_supervisor_gave_up_settles_the_point_crashed(
     async with EvalSupervisor.open(
         config, eval_fn=RecordingEval(), fleet=CrashingFleet(), sink=sink
     ) as sup:
-        held = await sup.reserve(1, state_dict=weights)  # a host thread is copying these...
+        held = await sup.reserve(SubmitRequest(1, state_dict=weights))  # a host thread is copying these...
         assert held is not None
         await sup.submit(2, export=written_export)  # ...while a crash makes the supervisor give up
         await sup.drain()

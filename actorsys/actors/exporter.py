@@ -1,97 +1,119 @@
-"""Exporter: turns a submitted point into a complete checkpoint directory on disk."""
+"""Exporter: turns a submitted point into a complete checkpoint directory on disk.
+
+It owns the points waiting for their export and the one being written, and the captured
+weights until the snapshot is written. The write of captured weights, with every fsync of the
+snapshot, runs in a worker thread; a tmp dir an export did not finish goes on with the point
+for the Retirer to delete (in its thread). What stays
+in the trio thread is metadata on the staging dir: creating the tmp dir, the rename that
+publishes it (with the fsync of the staging dir), and the seal of a delegated export (whose
+files the export fn wrote and flushed itself).
+"""
 
 from __future__ import annotations
 
-import math
 import os
 
 import trio
 
 from actorsys import staging
-from actorsys._pipeline import Pipeline
-from actorsys._point import Point, Source, Stage
+from actorsys._flight import Flight
+from actorsys._point import Point, Source, State
+from actorsys.actors._stage import Done, Result, SequentialStage, Skip, within
+from actorsys.actors.retirer import Retirer
+from actorsys.config import EvalConfig
 from actorsys.outcome import EXPORT_TIME_SECONDS
-from actorsys.runtime import run_blocking
+from actorsys.runtime import ThreadTracker, run_blocking
 from actorsys.snapshot import write_snapshot
 
 NAME = "exporter"
 
 
-async def run_exporter(
-    pipeline: Pipeline,
-    inbox: trio.MemoryReceiveChannel[Point],
-    onward: trio.MemorySendChannel[Point],
-    limiter: trio.CapacityLimiter,
-) -> None:
-    async with inbox, onward:
-        async for point in inbox:
-            if point.drop_reason is not None:
-                continue
-            with pipeline.hold(point, NAME):
-                started = trio.current_time()
-                try:
-                    await _export(pipeline, point, limiter)
-                finally:
-                    point.metrics[EXPORT_TIME_SECONDS] = trio.current_time() - started
-            point.release_weights()
-            pipeline.release(point, onward, Stage.PIN)
+class Exporter(SequentialStage):
+    name = NAME
+    state = State.EXPORT
+    next_state = State.PIN
+    metric = EXPORT_TIME_SECONDS
 
+    def __init__(
+        self,
+        config: EvalConfig,
+        flight: Flight,
+        retirer: Retirer,
+        staging_dir: str | None,
+        tracker: ThreadTracker,
+    ) -> None:
+        super().__init__(flight, retirer)
+        self.config = config
+        self.staging_dir = staging_dir
+        self.tracker = tracker
+        self.write_limiter = trio.CapacityLimiter(config.max_in_flight)
+        self._scratch: dict[int, str] = {}
 
-async def _export(pipeline: Pipeline, point: Point, limiter: trio.CapacityLimiter) -> None:
-    if point.source is Source.CHECKPOINT:
-        _check_existing(pipeline, point)
-        return
-    timeout = pipeline.config.export_timeout
-    with trio.move_on_after(math.inf if timeout is None else timeout) as deadline:
-        await _write(pipeline, point, limiter)
-    if deadline.cancelled_caught:
-        pipeline.fail(point, "export_timeout", f"export took longer than {timeout} s")
+    def leave(self, point: Point, *, done: bool) -> Point:
+        """The weights are no longer needed; a tmp dir the export left goes with the point,
+        for the Retirer to delete."""
+        if point.weights is not None:
+            point.weights.release()
+        return point.but(weights=None, scratch=self._scratch.pop(point.step, point.scratch))
 
+    async def work(self, point: Point) -> Result:
+        if point.source is Source.CHECKPOINT:
+            return self._check_existing(point)
+        timeout = self.config.export_timeout
+        with within(timeout) as deadline:
+            return await self._write(point)
+        assert deadline.cancelled_caught
+        return Skip("export_timeout", f"export took longer than {timeout} s")
 
-def _check_existing(pipeline: Pipeline, point: Point) -> None:
-    path = point.checkpoint
-    assert path is not None
-    if not os.path.isdir(path):
-        pipeline.fail(point, "ckpt_missing", f"{path} is not a directory")
-    elif point.require_marker and not staging.is_complete(path):
-        pipeline.fail(point, "ckpt_missing", f"{path} has no {staging.COMPLETE} marker")
-    else:
-        point.snapshot = path
+    def _check_existing(self, point: Point) -> Result:
+        path = point.checkpoint
+        assert path is not None
+        if not os.path.isdir(path):
+            return Skip("ckpt_missing", f"{path} is not a directory")
+        if point.require_marker and not staging.is_complete(path):
+            return Skip("ckpt_missing", f"{path} has no {staging.COMPLETE} marker")
+        return Done(point.but(snapshot=path))
 
+    async def _write(self, point: Point) -> Result:
+        staging_dir = self.staging_dir
+        assert staging_dir is not None
+        step = point.step
+        try:
+            if point.source is Source.WEIGHTS:
+                directory = staging.tmp_path(staging_dir, step)
+                self._scratch[step] = staging.make_tmp_dir(directory, durable=False)
+                await run_blocking(
+                    lambda: self._write_weights(point, directory),
+                    abandon_on_cancel=True,
+                    limiter=self.write_limiter,
+                    description=f"export of step {step}",
+                    tracker=self.tracker,
+                )
+            else:
+                # A delegated export: the tmp dir and the seal are a few metadata writes,
+                # done here so no thread hop delays the point (the export itself awaits).
+                directory = self._scratch[step] = staging.new_tmp_dir(staging_dir, step)
+                assert point.export is not None
+                await point.export(step, directory)
+                if not staging.has_weights(directory):
+                    return Skip("export_failed", f"export of step {step} wrote no weight files")
+                staging.seal(directory)
+            final = staging.final_dir(staging_dir, step)
+            staging.install(directory, final)
+            del self._scratch[step]
+            return Done(point.but(snapshot=final))
+        except Exception as exc:
+            return Skip("export_failed", f"{type(exc).__name__}: {exc}")
 
-async def _write(pipeline: Pipeline, point: Point, limiter: trio.CapacityLimiter) -> None:
-    staging_dir = pipeline.staging_dir
-    assert staging_dir is not None
-    tmp: str | None = None
-    try:
-        tmp = staging.new_tmp_dir(staging_dir, point.step)
-        if point.source is Source.WEIGHTS:
-            weights, directory = point.weights, tmp
-            assert weights is not None
-            base = pipeline.config.base_checkpoint
-            await run_blocking(
-                lambda: write_snapshot(
-                    weights,
-                    directory,
-                    base_checkpoint=None if base is None else os.fspath(base),
-                    max_shard_size=pipeline.config.max_shard_size,
-                ),
-                abandon_on_cancel=True,
-                limiter=limiter,
-                description=f"export of step {point.step}",
-                tracker=pipeline.tracker,
-            )
-        else:
-            assert point.export is not None
-            await point.export(point.step, tmp)
-            if not staging.has_weights(tmp):
-                pipeline.fail(point, "export_failed", f"export of step {point.step} wrote no weight files")
-                return
-        final = staging.final_dir(staging_dir, point.step)
-        staging.publish(tmp, final)
-        point.snapshot, point.owned = final, True
-    except Exception as exc:
-        pipeline.fail(point, "export_failed", f"{type(exc).__name__}: {exc}")
-    finally:
-        if tmp is not None and (point.snapshot is None or not point.owned):
-            staging.discard(tmp)
+    def _write_weights(self, point: Point, tmp: str) -> None:
+        """In the export thread: the snapshot and its seal (every fsync). It only ever writes
+        into ``tmp``, so it is safe to abandon."""
+        assert point.weights is not None
+        base = self.config.base_checkpoint
+        write_snapshot(
+            point.weights,
+            tmp,
+            base_checkpoint=None if base is None else os.fspath(base),
+            max_shard_size=self.config.max_shard_size,
+        )
+        staging.seal(tmp)

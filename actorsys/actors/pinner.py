@@ -1,52 +1,75 @@
-"""FleetPinner: leases an idle fleet and pins every engine in it to the point's version."""
+"""FleetPinner: owns the idle fleets; lends one to each point and pins it to the point's version.
+
+A fleet is idle only while no point holds its :class:`~actorsys._point.FleetLease`: the
+pinner lends it when it takes the next point, and gets it back by message (``give_back``)
+from whoever holds the point when it is done with it: the EvalRunner after the evaluation,
+or the pinner itself when the pin fails or the point is dropped. So a fleet is never pinned
+while an evaluation runs on it.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import trio
 
-from actorsys._pipeline import Pipeline
-from actorsys._point import Point, Stage
-from actorsys.fleet import PinError
+from actorsys._flight import Flight
+from actorsys._point import FleetLease, Point, State, Ticket
+from actorsys.actors._stage import Done, Result, SequentialStage, Skip
+from actorsys.actors.retirer import Retirer
+from actorsys.config import EvalConfig
+from actorsys.fleet import Fleet, PinError
 from actorsys.outcome import PIN_TIME_SECONDS
 
 NAME = "pinner"
 
 
-async def run_pinner(
-    pipeline: Pipeline,
-    inbox: trio.MemoryReceiveChannel[Point],
-    onward: trio.MemorySendChannel[Point],
-) -> None:
-    async with inbox, onward:
-        async for point in inbox:
-            if point.drop_reason is not None:
-                continue
-            with pipeline.hold(point, NAME):
-                fleet = await pipeline.pool_recv.receive()
-                pipeline.lease_fleet(point, fleet)
-                point.pin_started = True
-                await _pin(pipeline, point)
-            pipeline.release(point, onward, Stage.EVAL)
+class FleetPinner(SequentialStage):
+    name = NAME
+    state = State.PIN
+    next_state = State.EVAL
+    metric = PIN_TIME_SECONDS
 
+    def __init__(
+        self,
+        config: EvalConfig,
+        flight: Flight,
+        retirer: Retirer,
+        fleets: Sequence[Fleet | None],
+    ) -> None:
+        super().__init__(flight, retirer)
+        self.config = config
+        self._returned, self._idle = trio.open_memory_channel[Fleet | None](len(fleets))
+        for fleet in fleets:
+            self._returned.send_nowait(fleet)
 
-async def _pin(pipeline: Pipeline, point: Point) -> None:
-    version = str(point.step)
-    fleet = point.fleet
-    config = pipeline.config
-    started = trio.current_time()
-    try:
+    def give_back(self, lease: FleetLease) -> None:
+        """A fleet's evaluation (or failed pin) is over: it is idle again."""
+        self._returned.send_nowait(lease.fleet)
+
+    async def lease(self, point: Point, ticket: Ticket) -> Point:
+        fleet = await self._idle.receive()
+        ticket.state = State.PINNING
+        return point.but(lease=FleetLease(fleet))
+
+    def leave(self, point: Point, *, done: bool) -> Point:
+        if done or point.lease is None:
+            return point
+        self.give_back(point.lease)
+        return point.but(lease=None)
+
+    async def work(self, point: Point) -> Result:
+        assert point.lease is not None
+        fleet, version, config = point.lease.fleet, str(point.step), self.config
         if fleet is None:
-            point.weight_version = version
-            return
+            return Done(point.but(weight_version=version))
         assert point.snapshot is not None
         with trio.move_on_after(config.pin_timeout) as deadline:
-            await fleet.pin(point.snapshot, version, retries=config.pin_retries)
-            point.weight_version = version
+            try:
+                await fleet.pin(point.snapshot, version, retries=config.pin_retries)
+            except PinError as exc:
+                return Skip(exc.reason, str(exc), point)
         if deadline.cancelled_caught:
-            pipeline.fail(
-                point, "pin_timeout", f"pin of {fleet!r} took longer than {config.pin_timeout} s"
-            )
-    except PinError as exc:
-        pipeline.fail(point, exc.reason, str(exc))
-    finally:
-        point.metrics[PIN_TIME_SECONDS] = trio.current_time() - started
+            message = f"pin of {fleet!r} took longer than {config.pin_timeout} s"
+            return Skip("pin_timeout", message, point)
+        return Done(point.but(weight_version=version))

@@ -1,19 +1,220 @@
-"""Retirer: settles every point exactly once, records its outcome, retires its snapshot."""
+"""Retirer: settles every point exactly once; owns the sink, the counters and the snapshot ring.
+
+Settling is quick and never blocks: the outcome goes to the sink, the counters and the ring
+change, and the files to delete (a skipped point's snapshot, or the oldest one the ring lets
+go) join the Retirer's own queue of deletes. A background task deletes them in a worker
+thread, one step at a time, and only then frees the step's slot: admission never lets more
+snapshots exist than ``keep_snapshots + max_in_flight``, and the trio thread never waits on a
+multi-GB ``rmtree``.
+"""
 
 from __future__ import annotations
 
+import logging
+from collections import Counter, deque
+
 import trio
 
-from actorsys._pipeline import Pipeline
-from actorsys._point import Point, Stage
+from actorsys import staging
+from actorsys._flight import Flight
+from actorsys._point import Point, State, Ticket
+from actorsys.config import EvalConfig
+from actorsys.outcome import LAG_STEPS, Outcome
+from actorsys.runtime import ThreadTracker, run_blocking
+from actorsys.sinks import Sink
+
+log = logging.getLogger("actorsys")
 
 NAME = "retirer"
 
 
-async def run_retirer(pipeline: Pipeline, inbox: trio.MemoryReceiveChannel[Point]) -> None:
-    async with inbox:
-        async for point in inbox:
-            if point.stage is Stage.SETTLED:
+class Retirer:
+    name = NAME
+
+    def __init__(
+        self, config: EvalConfig, flight: Flight, sink: Sink, tracker: ThreadTracker
+    ) -> None:
+        self.config = config
+        self.flight = flight
+        self.sink = sink
+        self.tracker = tracker
+        self.inbox_send, self.inbox = trio.open_memory_channel[Point](float("inf"))
+        self.ring: deque[str] = deque()
+        self.reasons: Counter[str] = Counter()
+        self.ok_count = 0
+        self.settled_steps: set[int] = set()
+        self.noted_step: int | None = None
+        self._deletes: deque[tuple[int | None, list[str]]] = deque()
+        self._queued = trio.lowlevel.ParkingLot()
+        self._limiter = trio.CapacityLimiter(1)
+        self._loop_ended = trio.Event()
+        self._loop_ended.set()
+
+    # -- messages ---------------------------------------------------------------------
+
+    def take(self, ticket: Ticket, point: Point) -> None:
+        """A point comes to settle: from now on the Retirer owns it."""
+        ticket.state, ticket.owner, ticket.point = State.SETTLE, self, point
+        try:
+            self.inbox_send.send_nowait(point)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            self.settle(point)
+
+    def dropped(self, ticket: Ticket) -> None:
+        return None
+
+    def discard(self, point: Point) -> None:
+        """A copy of a point that settled while its owner still worked on it: delete the
+        snapshot it may have written since, unless the ring keeps it."""
+        if point.weights is not None:
+            point.weights.release()
+        self._queue_delete(None, [path for path in point.files if path not in self.ring])
+
+    def note_step(self, step: int) -> None:
+        if self.noted_step is None or step > self.noted_step:
+            self.noted_step = step
+
+    # -- the actor --------------------------------------------------------------------
+
+    async def run(self, inbox: trio.MemoryReceiveChannel[Point]) -> None:
+        async with inbox, trio.open_nursery() as nursery:
+            self._loop_ended = trio.Event()
+            nursery.start_soon(self._delete_loop)
+            async for point in inbox:
+                self.settle(point)
+            await self._wait_deleted()
+            nursery.cancel_scope.cancel()
+
+    def settle(self, point: Point) -> None:
+        """Record ``point``'s outcome and queue its deletes. Sync and non-blocking; a point
+        whose ticket settled already only has its leftovers deleted."""
+        ticket = self.flight.get(point.step)
+        if ticket is None or ticket.state is State.SETTLED:
+            self.discard(point)
+            return
+        ticket.state, ticket.owner, ticket.point = State.SETTLED, None, point
+        if point.weights is not None:
+            point.weights.release()
+        outcome = self._outcome(point)
+        self.settled_steps.add(point.step)
+        if outcome.ok:
+            self.ok_count += 1
+        else:
+            self.reasons[outcome.reason or "unknown"] += 1
+        try:
+            self.sink.record(outcome)
+        except Exception:
+            log.exception("sink %r failed to record step %d", self.sink, point.step)
+        self._queue_delete(point.step, self._doomed(point, keep=outcome.ok))
+        self.flight.wake()
+        log.info(
+            "step %d settled %s%s", point.step, outcome.status,
+            f" ({outcome.reason})" if outcome.reason else "",
+        )
+
+    def settle_now(self, reason: str, error: str | None = None) -> list[int]:
+        """Settle every point in flight here and now, without waiting for its owner (which
+        may be stuck or gone): for a close whose budget ran out, or a supervisor that gave
+        up. Points already on their way to settle keep their own outcome; the others settle
+        ``reason`` and their owners are cancelled. Returns the steps cut off."""
+        cut = []
+        for ticket in self.flight:
+            if ticket.state is State.SETTLED:
                 continue
-            with pipeline.hold(point, NAME):
-                pipeline.settle(point)
+            point = ticket.point
+            if ticket.drop(reason, error):
+                cut.append(ticket.step)
+                point = point.skipped(reason, error)
+            self.settle(point)
+        return sorted(cut)
+
+    async def delete_leftovers(self) -> None:
+        """Delete, in this task, whatever the delete loop has not got to: at close, once the
+        actors were cancelled (this first waits for the loop to end, after the delete it may
+        be running)."""
+        await self._loop_ended.wait()
+        while self._deletes:
+            step, paths = self._deletes.popleft()
+            await self._delete(step, paths)
+
+    # -- deleting ---------------------------------------------------------------------
+
+    def _doomed(self, point: Point, *, keep: bool) -> list[str]:
+        doomed = [point.scratch] if point.scratch is not None else []
+        if not point.owned:
+            return doomed
+        assert point.snapshot is not None
+        if not keep or self.config.keep_snapshots == 0:
+            return [*doomed, point.snapshot]
+        self.ring.append(point.snapshot)
+        while len(self.ring) > self.config.keep_snapshots:
+            doomed.append(self.ring.popleft())
+        return doomed
+
+    def _queue_delete(self, step: int | None, paths: list[str]) -> None:
+        if not paths:
+            if step is not None:
+                self.flight.free(step)
+            return
+        self._deletes.append((step, paths))
+        self._queued.unpark_all()
+
+    async def _delete_loop(self) -> None:
+        try:
+            while True:
+                while not self._deletes:
+                    await self._queued.park()
+                step, paths = self._deletes.popleft()
+                try:
+                    await self._delete(step, paths)
+                except trio.Cancelled:
+                    # Cancelled before its thread started: the delete is still to be done.
+                    self._deletes.appendleft((step, paths))
+                    raise
+                self._queued.unpark_all()
+        finally:
+            self._loop_ended.set()
+
+    async def _wait_deleted(self) -> None:
+        while self._deletes or self._limiter.borrowed_tokens:
+            await self._queued.park()
+
+    async def _delete(self, step: int | None, paths: list[str]) -> None:
+        if paths:
+            await run_blocking(
+                lambda: _retire_all(paths),
+                abandon_on_cancel=False,
+                limiter=self._limiter,
+                description=f"retire of {', '.join(paths)}",
+                tracker=self.tracker,
+            )
+        if step is not None:
+            self.flight.free(step)
+
+    def _outcome(self, point: Point) -> Outcome:
+        metrics = dict(point.metrics)
+        if self.noted_step is not None:
+            metrics[LAG_STEPS] = float(self.noted_step - point.step)
+        if point.reason is None and point.output is not None:
+            metrics.update(point.output.metrics or {})
+            return Outcome(
+                step=point.step,
+                status="ok",
+                metrics=metrics,
+                data=point.output.data,
+                weight_version=point.weight_version,
+                snapshot=point.snapshot,
+            )
+        return Outcome(
+            step=point.step,
+            status="skipped",
+            reason=point.reason or "crashed",
+            metrics=metrics,
+            data={"error": point.error} if point.error else None,
+            snapshot=point.snapshot,
+        )
+
+
+def _retire_all(paths: list[str]) -> None:
+    for path in paths:
+        staging.retire(path)

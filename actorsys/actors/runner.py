@@ -1,17 +1,25 @@
-"""EvalRunner: runs the eval fn on a pinned fleet, one evaluation per fleet at a time."""
+"""EvalRunner: runs the eval fn on each pinned point at once, one task per point.
+
+Concurrency is bounded by the fleets: a point arrives here only with a fleet the pinner lent
+it. The runner gives the fleet back to the pinner when the evaluation is over, then hands the
+point to the Retirer.
+"""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import trio
 
-from actorsys._pipeline import Pipeline
-from actorsys._point import Point, Stage
+from actorsys._flight import Flight
+from actorsys._point import Point, State, Ticket
+from actorsys.actors._stage import Done, Result, Skip, Stage, within
+from actorsys.actors.pinner import FleetPinner
+from actorsys.actors.retirer import Retirer
+from actorsys.config import EvalConfig
 from actorsys.contracts import EvalSkip, RolloutFnEvalInput, RolloutFnEvalOutput
 from actorsys.outcome import DURATION_SECONDS
-from actorsys.runtime import AsyncioThread, run_blocking
+from actorsys.runtime import AsyncioThread, ThreadTracker, run_blocking
 
 NAME = "runner"
 
@@ -19,10 +27,10 @@ NAME = "runner"
 class EvalInvoker:
     """Calls ``eval_fn.evaluate_checkpoint`` the way its ``runtime`` asks for."""
 
-    def __init__(self, eval_fn: Any, pipeline: Pipeline) -> None:
+    def __init__(self, eval_fn: Any, tracker: ThreadTracker) -> None:
         self.eval_fn = eval_fn
         self.runtime: str = getattr(eval_fn, "runtime", "trio")
-        self.pipeline = pipeline
+        self.tracker = tracker
         self.asyncio_thread = AsyncioThread()
         self.limiter = trio.CapacityLimiter(64)
 
@@ -36,69 +44,69 @@ class EvalInvoker:
                 abandon_on_cancel=True,
                 limiter=self.limiter,
                 description=f"eval of step {input.rollout_id}",
-                tracker=self.pipeline.tracker,
+                tracker=self.tracker,
             )
         return await evaluate(checkpoint_dir, input)
 
 
-async def run_runner(
-    pipeline: Pipeline,
-    inbox: trio.MemoryReceiveChannel[Point],
-    onward: trio.MemorySendChannel[Point],
-    invoke: EvalInvoker,
-) -> None:
-    async with inbox, onward, trio.open_nursery() as nursery:
-        async for point in inbox:
-            if point.drop_reason is not None:
-                continue
-            nursery.start_soon(_evaluate, pipeline, point, onward, invoke)
+class EvalRunner(Stage):
+    name = NAME
+    state = State.EVAL
+    next_state = State.SETTLE
+    metric = DURATION_SECONDS
 
+    def __init__(
+        self,
+        config: EvalConfig,
+        flight: Flight,
+        retirer: Retirer,
+        pinner: FleetPinner,
+        invoke: EvalInvoker,
+    ) -> None:
+        super().__init__(flight, retirer)
+        self.config = config
+        self.pinner = pinner
+        self.invoke = invoke
 
-async def _evaluate(
-    pipeline: Pipeline,
-    point: Point,
-    onward: trio.MemorySendChannel[Point],
-    invoke: EvalInvoker,
-) -> None:
-    if point.drop_reason is not None:
-        # Dropped between its hand-over and the start of this task: whoever dropped it has
-        # already sent it to settle.
-        return
-    timeout = pipeline.config.eval_timeout
-    with pipeline.hold(point, NAME):
-        started = trio.current_time()
-        try:
-            with trio.move_on_after(math.inf if timeout is None else timeout) as deadline:
-                await _run_eval(pipeline, point, invoke)
-            if deadline.cancelled_caught:
-                pipeline.fail(point, "timeout", f"eval took longer than {timeout} s")
-        finally:
-            point.metrics[DURATION_SECONDS] = trio.current_time() - started
-    pipeline.return_fleet(point)
-    pipeline.release(point, onward, Stage.SETTLE)
+    async def run(self, inbox: trio.MemoryReceiveChannel[Point]) -> None:
+        async with inbox, trio.open_nursery() as nursery:
+            async for point in inbox:
+                if self.take(point) is not None:
+                    nursery.start_soon(self.process, point)
 
+    def pass_on(self, ticket: Ticket, point: Point) -> None:
+        self.retirer.take(ticket, point)
 
-async def _run_eval(pipeline: Pipeline, point: Point, invoke: EvalInvoker) -> None:
-    assert point.snapshot is not None
-    eval_input = RolloutFnEvalInput(
-        rollout_id=point.step,
-        weight_version=point.weight_version,
-        hf_dir=point.snapshot,
-        fleet=point.fleet,
-    )
-    try:
-        result = await invoke(point.snapshot, eval_input)
-    except EvalSkip as skip:
-        pipeline.fail(point, skip.reason, skip.detail)
-        return
-    except Exception as exc:
-        pipeline.fail(point, "crashed", f"eval fn raised {type(exc).__name__}: {exc}")
-        return
-    if isinstance(result, dict):
-        result = RolloutFnEvalOutput(data=result)
-    if not isinstance(result, RolloutFnEvalOutput):
-        pipeline.fail(
-            point, "crashed", f"eval fn returned {type(result).__name__}, not RolloutFnEvalOutput"
+    def leave(self, point: Point, *, done: bool) -> Point:
+        if point.lease is None:
+            return point
+        self.pinner.give_back(point.lease)
+        return point.but(lease=None)
+
+    async def work(self, point: Point) -> Result:
+        timeout = self.config.eval_timeout
+        with within(timeout) as deadline:
+            return await self._run_eval(point)
+        assert deadline.cancelled_caught
+        return Skip("timeout", f"eval took longer than {timeout} s")
+
+    async def _run_eval(self, point: Point) -> Result:
+        assert point.snapshot is not None and point.lease is not None
+        eval_input = RolloutFnEvalInput(
+            rollout_id=point.step,
+            weight_version=point.weight_version,
+            hf_dir=point.snapshot,
+            fleet=point.lease.fleet,
         )
-        return
-    point.output = result
+        try:
+            result = await self.invoke(point.snapshot, eval_input)
+        except EvalSkip as skip:
+            return Skip(skip.reason, skip.detail)
+        except Exception as exc:
+            return Skip("crashed", f"eval fn raised {type(exc).__name__}: {exc}")
+        if isinstance(result, dict):
+            result = RolloutFnEvalOutput(data=result)
+        if not isinstance(result, RolloutFnEvalOutput):
+            kind = type(result).__name__
+            return Skip("crashed", f"eval fn returned {kind}, not RolloutFnEvalOutput")
+        return Done(point.but(output=result))

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import trio
 
+from actorsys._errors import ConfigError
 from actorsys.config import require_seconds
 from actorsys.fleet._tls import ssl_context
 from actorsys.fleet.engine import EngineUnhealthyError
@@ -27,7 +28,7 @@ RETRY_MAX_DELAY = 2.0
 
 def check_url(url: object, owner: str) -> str:
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-        raise ValueError(f"{owner}(url): expected an http:// or https:// URL, got {url!r}")
+        raise ConfigError(f"{owner}(url)", f"expected an http:// or https:// URL, got {url!r}")
     return url.rstrip("/")
 
 

@@ -19,6 +19,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from actorsys._errors import ActorsysError
 from actorsys.staging import COMPLETE
 
 CONFIG = "config.json"
@@ -45,7 +46,7 @@ DTYPE_BYTES = {
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 
 
-class CheckpointMismatchError(ValueError):
+class CheckpointMismatchError(ActorsysError, ValueError):
     """A checkpoint cannot be loaded in place of the served one. The message says why."""
 
     def __init__(self, path: str, message: str) -> None:

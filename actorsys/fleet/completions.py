@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 import httpx
 
-from actorsys._errors import ActorsysError
+from actorsys._errors import ConfigError, ConfigTypeError
 from actorsys.contracts import EvalSkip
 from actorsys.fleet._tls import ssl_context
 
@@ -27,14 +27,14 @@ RETRY_INITIAL_DELAY = 0.1
 RETRY_MAX_DELAY = 2.0
 
 
-class CompletionError(ActorsysError, EvalSkip):
+class CompletionError(EvalSkip):
     """A completion request failed (no answer within its deadline, an error status, a
     malformed body). Raised out of an eval fn it skips the point as ``unhealthy``."""
 
-    skip_reason = "unhealthy"
+    reason = "unhealthy"
 
     def __init__(self, url: str, index: int, message: str, *, retryable: bool = True) -> None:
-        EvalSkip.__init__(self, self.skip_reason, f"prompt {index} at {url}: {message}")
+        super().__init__(type(self).reason, f"prompt {index} at {url}: {message}")
         self.url = url
         self.index = index
         self.retryable = retryable
@@ -43,7 +43,7 @@ class CompletionError(ActorsysError, EvalSkip):
 class StaleWeightsError(CompletionError):
     """An engine answered with weights other than the pinned version: ``pin_violation``."""
 
-    skip_reason = "pin_violation"
+    reason = "pin_violation"
 
     def __init__(self, url: str, index: int, expected: str, actual: str) -> None:
         message = f"answered with weight version {actual!r}; the fleet is pinned to {expected!r}"
@@ -102,16 +102,16 @@ async def complete(
     closes the open connections.
     """
     if not targets:
-        raise ValueError("complete(targets): at least one server URL is required")
+        raise ConfigError("complete(targets)", "at least one server URL is required")
     if isinstance(prompts, str):
-        raise TypeError("complete(prompts): pass a sequence of strings, not one string")
+        raise ConfigTypeError("complete(prompts)", "pass a sequence of strings, not one string")
     if not isinstance(concurrency, int) or concurrency < 1:
-        raise ValueError(f"complete(concurrency): expected an integer >= 1, got {concurrency!r}")
+        raise ConfigError("complete(concurrency)", f"expected an integer >= 1, got {concurrency!r}")
     if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-        raise ValueError(f"complete(retries): expected an integer >= 0, got {retries!r}")
+        raise ConfigError("complete(retries)", f"expected an integer >= 0, got {retries!r}")
     if not request_timeout > 0:
-        raise ValueError(
-            f"complete(request_timeout): expected seconds > 0, got {request_timeout!r}"
+        raise ConfigError(
+            "complete(request_timeout)", f"expected seconds > 0, got {request_timeout!r}"
         )
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     results: list[Completion | None] = [None] * len(prompts)

@@ -13,7 +13,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 import httpx
 import trio
 
-from actorsys._errors import ActorsysError
+from actorsys._errors import ActorsysError, ConfigError, ConfigTypeError
 from actorsys.fleet._tls import ssl_context
 from actorsys.fleet.completions import Completion, complete
 
@@ -77,7 +77,7 @@ class CheckpointRejectedError(PinError):
     asked): missing, incomplete, corrupt, or not the served architecture. The engines keep
     serving the weights they had."""
 
-    reason = "ckpt_missing"
+    reason = "ckpt_invalid"
 
     def __init__(self, engine: str, path: str, message: str) -> None:
         super().__init__(engine, f"rejected checkpoint {path}: {message}")
@@ -98,16 +98,17 @@ class Fleet:
     def __init__(self, engines: Sequence[Engine], *, router_url: str | None = None) -> None:
         engines = list(engines)
         if not engines:
-            raise ValueError("Fleet(engines): at least one engine is required")
+            raise ConfigError("Fleet(engines)", "at least one engine is required")
         for engine in engines:
             if not isinstance(engine, Engine):
-                raise TypeError(
-                    f"Fleet(engines): {engine!r} is not an Engine "
-                    "(needs name, health, load_weights, weight_version)"
+                raise ConfigTypeError(
+                    "Fleet(engines)",
+                    f"{engine!r} is not an Engine (needs name, health, load_weights, "
+                    "weight_version)",
                 )
         names = [engine.name for engine in engines]
         if len(set(names)) != len(names):
-            raise ValueError(f"Fleet(engines): engine names must be unique, got {names}")
+            raise ConfigError("Fleet(engines)", f"engine names must be unique, got {names}")
         self.engines = engines
         self.router_url = router_url.rstrip("/") if router_url else None
         self.version: str | None = None
@@ -155,7 +156,9 @@ class Fleet:
         """
         targets = [self.router_url] if self.router_url is not None else self.urls
         if not targets:
-            raise ValueError(f"{self!r} has no HTTP engine and no router_url to send requests to")
+            raise ConfigError(
+                "Fleet.router_url", f"{self!r} has no HTTP engine and no router_url to send requests to"
+            )
         return await complete(
             targets,
             prompts,

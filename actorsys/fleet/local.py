@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import httpx
 import trio
 
+from actorsys._errors import ActorsysError, ConfigError
 from actorsys.fleet._process import ManagedProcess, spawn
 from actorsys.fleet._tls import ssl_context
 from actorsys.fleet.engine import Engine, Fleet
@@ -36,7 +37,7 @@ HEALTH_POLL_INTERVAL = 0.25
 VLLM_PYTHON = ".venv-vllm/bin/python"
 
 
-class FleetStartError(RuntimeError):
+class FleetStartError(ActorsysError, RuntimeError):
     """A process of a local fleet did not come up; the message holds its log's tail."""
 
 
@@ -130,7 +131,7 @@ class LocalFleet:
         ``log_dir`` (default: a temporary directory, removed afterwards).
         """
         if not specs:
-            raise ValueError("LocalFleet.open(specs): at least one engine spec is required")
+            raise ConfigError("LocalFleet.open(specs)", "at least one engine spec is required")
         own_logs = log_dir is None
         directory = tempfile.mkdtemp(prefix="actorsys-fleet-") if log_dir is None else log_dir
         os.makedirs(directory, exist_ok=True)

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import httpx
 import trio
@@ -31,6 +32,9 @@ from actorsys.fleet.checkpoint import (
     read_tensor_infos,
 )
 from actorsys.fleet.engine import CheckpointRejectedError, EngineUnhealthyError
+from actorsys.runtime import ThreadTracker, run_blocking
+
+T = TypeVar("T")
 
 log = logging.getLogger("actorsys.fleet")
 
@@ -71,6 +75,8 @@ class VLLMEngine(HttpEngine):
         self.served_model_dir = served_model_dir
         self.require_complete = require_complete
         self._reference: tuple[dict[str, Any] | None, dict[str, TensorInfo] | None] | None = None
+        self.threads = ThreadTracker()
+        self._file_limiter = trio.CapacityLimiter(1)
 
     async def health(self) -> None:
         """Return if ``GET /health`` answers 200; raise :class:`EngineUnhealthyError` if the
@@ -142,13 +148,14 @@ class VLLMEngine(HttpEngine):
     async def _check(self, path: str) -> None:
         config, tensors = await self._served_reference()
         try:
-            await trio.to_thread.run_sync(
+            await self._read_files(
                 lambda: check_checkpoint(
                     path,
                     require_complete=self.require_complete,
                     served_config=config,
                     served_tensors=tensors,
-                )
+                ),
+                f"check of {path}",
             )
         except CheckpointMismatchError as exc:
             raise CheckpointRejectedError(self.name, path, str(exc)) from exc
@@ -158,8 +165,21 @@ class VLLMEngine(HttpEngine):
     ) -> tuple[dict[str, Any] | None, dict[str, TensorInfo] | None]:
         if self._reference is None:
             served = self.served_model_dir or await self._served_root()
-            self._reference = await trio.to_thread.run_sync(self._read_reference, served)
+            self._reference = await self._read_files(
+                lambda: self._read_reference(served), f"read of {served}"
+            )
         return self._reference
+
+    async def _read_files(self, read: Callable[[], T], description: str) -> T:
+        """Read checkpoint files (headers and configs) in a worker thread; only reads, so a
+        cancelled caller abandons it."""
+        return await run_blocking(
+            read,
+            abandon_on_cancel=True,
+            limiter=self._file_limiter,
+            description=f"{self.name}: {description}",
+            tracker=self.threads,
+        )
 
     def _read_reference(
         self, served: str | None

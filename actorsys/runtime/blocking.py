@@ -17,7 +17,11 @@ T = TypeVar("T")
 
 
 class ThreadTracker:
-    """The blocking jobs currently running in worker threads, by description. Thread-safe."""
+    """The blocking jobs currently running in worker threads, by description. Thread-safe.
+
+    A job is listed from the moment it holds its limiter's token (so its thread is starting)
+    until it returns, including after its caller abandoned it.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -28,20 +32,33 @@ class ThreadTracker:
         with self._lock:
             return sorted(self._running.values())
 
-    def _wrap(self, description: str, fn: Callable[[], T]) -> Callable[[], T]:
+    def _add(self, description: str) -> int:
         with self._lock:
             job_id = self._next_id
             self._next_id += 1
             self._running[job_id] = description
+            return job_id
 
-        def job() -> T:
-            try:
-                return fn()
-            finally:
-                with self._lock:
-                    del self._running[job_id]
+    def _remove(self, job_id: int) -> None:
+        with self._lock:
+            self._running.pop(job_id, None)
 
-        return job
+
+class _ListedWhileHeld:
+    """A limiter that lists its job in the tracker once the job holds a token."""
+
+    def __init__(self, limiter: trio.CapacityLimiter, tracker: ThreadTracker, description: str):
+        self._limiter = limiter
+        self._tracker = tracker
+        self._description = description
+        self.job_id: int | None = None
+
+    async def acquire_on_behalf_of(self, borrower: object) -> None:
+        await self._limiter.acquire_on_behalf_of(borrower)
+        self.job_id = self._tracker._add(self._description)
+
+    def release_on_behalf_of(self, borrower: object) -> None:
+        self._limiter.release_on_behalf_of(borrower)
 
 
 async def run_blocking(
@@ -59,5 +76,17 @@ async def run_blocking(
     at once and the thread runs on, listed by ``tracker`` until it ends; without it, the call
     waits for the thread to finish.
     """
-    job = tracker._wrap(description, fn)
-    return await trio.to_thread.run_sync(job, abandon_on_cancel=abandon_on_cancel, limiter=limiter)
+    listed = _ListedWhileHeld(limiter, tracker, description)
+
+    def job() -> T:
+        try:
+            return fn()
+        finally:
+            if listed.job_id is not None:
+                tracker._remove(listed.job_id)
+
+    return await trio.to_thread.run_sync(
+        job,
+        abandon_on_cancel=abandon_on_cancel,
+        limiter=listed,  # type: ignore[arg-type]
+    )

@@ -10,11 +10,12 @@ from typing import Any
 
 import torch
 
+from actorsys._errors import ActorsysError
 from actorsys.snapshot._pool import BufferLease
 from actorsys.snapshot._state import Source, aligned, plan_state, tensor_nbytes
 
 
-class WeightsReleasedError(RuntimeError):
+class WeightsReleasedError(ActorsysError, RuntimeError):
     """The weights were released while (or before) a writer read them: the export was
     abandoned, and its buffers may already hold another point's weights."""
 

@@ -97,7 +97,7 @@ async def test_a_refused_checkpoint_skips_with_the_engines_reason_at_once(
     started = trio.current_time()
     with pytest.raises(EvalSkip) as caught:
         await evaluation.evaluate_checkpoint("/ckpt", point())
-    assert (caught.value.reason, trio.current_time() - started) == ("ckpt_missing", 0)
+    assert (caught.value.reason, trio.current_time() - started) == ("ckpt_invalid", 0)
     assert "bad ckpt" in str(caught.value)
 
 

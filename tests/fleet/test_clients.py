@@ -45,7 +45,7 @@ async def test_sglang_refused_load_is_a_rejected_checkpoint_with_the_servers_rea
     )
     with pytest.raises(CheckpointRejectedError, match="shape mismatch") as caught:
         await sglang(recorder).load_weights("/ckpt/step_3", "3")
-    assert caught.value.reason == "ckpt_missing"
+    assert caught.value.reason == "ckpt_invalid"
     assert caught.value.path == "/ckpt/step_3"
 
 
@@ -241,7 +241,7 @@ async def test_vllm_never_sees_a_checkpoint_that_would_kill_it(
     )
     with pytest.raises(CheckpointRejectedError) as caught:
         await engine.load_weights(str(path), "1")
-    assert caught.value.reason == "ckpt_missing"
+    assert caught.value.reason == "ckpt_invalid"
     assert recorder.requests == []
 
 

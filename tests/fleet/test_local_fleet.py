@@ -101,7 +101,7 @@ async def test_corrupt_snapshot_is_skipped_and_the_engines_keep_serving_the_prev
             first = await evaluate(sup, sink, tiny, 1)
             assert_pinned(first, engines=2)
             skipped = await evaluate(sup, sink, tiny, 2, checkpoint_dir=corrupt)
-            assert (skipped.status, skipped.reason) == ("skipped", "ckpt_missing")
+            assert (skipped.status, skipped.reason) == ("skipped", "ckpt_invalid")
             assert [await e.weight_version() for e in local.fleet.engines] == ["1", "1"]
             answers = await local.fleet.complete(
                 PROMPTS, max_tokens=MAX_TOKENS, check_version=False

@@ -38,7 +38,7 @@ async def test_vllm_server_serves_exactly_each_snapshot_it_is_pinned_to(
                 outcome = await evaluate(sup, sink, tiny, step, checkpoint_dir=snapshot)
                 assert_pinned(outcome, engines=1, answers_carry_version=False)
             refused = await evaluate(sup, sink, tiny, 3, checkpoint_dir=corrupt)
-            assert (refused.status, refused.reason) == ("skipped", "ckpt_missing")
+            assert (refused.status, refused.reason) == ("skipped", "ckpt_invalid")
             await engine.health()
             assert await engine.weight_version() == "2"
             answers = await local.fleet.complete(PROMPTS, max_tokens=MAX_TOKENS)

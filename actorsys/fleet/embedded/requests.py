@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from actorsys._errors import ActorsysError
 from actorsys.fleet.embedded.model import GenerationRequest
 
 MAX_SEQUENCES = 256
 
 
-class BadRequest(ValueError):  # noqa: N818 - it is an HTTP 400, named as such
+class BadRequest(ActorsysError, ValueError):  # noqa: N818 - it is an HTTP 400, named as such
     """A request body the engine cannot serve; the message names the field."""
 
 

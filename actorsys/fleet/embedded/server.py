@@ -29,6 +29,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from actorsys._errors import ActorsysError
 from actorsys.fleet.checkpoint import CheckpointMismatchError
 from actorsys.fleet.embedded.model import GenerationRequest, GenerationResult, ModelHost
 from actorsys.fleet.embedded.requests import BadRequest, completion_requests, generate_requests
@@ -36,7 +37,7 @@ from actorsys.fleet.embedded.requests import BadRequest, completion_requests, ge
 log = logging.getLogger("actorsys.engine")
 
 
-class GenerationFailed(RuntimeError):
+class GenerationFailed(ActorsysError, RuntimeError):
     """The model raised while generating a batch (answered as HTTP 500)."""
 
 

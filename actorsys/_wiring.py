@@ -1,0 +1,188 @@
+"""How one supervisor's actors are built and connected.
+
+Admission sends each launched point to the Exporter; the Exporter forwards it to the
+FleetPinner, the pinner to the EvalRunner, and every stage hands what settles to the
+Retirer. Each actor is a supervised child (one_for_one); its ``stop`` closes the channel that
+feeds it, so stopping them in this order lets every point in the pipeline move on first.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from actorsys import staging
+from actorsys._admission import Admission
+from actorsys._errors import ConfigError
+from actorsys._flight import Flight
+from actorsys._point import Point
+from actorsys.actors._stage import Stage
+from actorsys.actors.exporter import Exporter
+from actorsys.actors.pinner import FleetPinner
+from actorsys.actors.retirer import Retirer
+from actorsys.actors.runner import EvalInvoker, EvalRunner
+from actorsys.config import EvalConfig
+from actorsys.contracts import RUNTIMES
+from actorsys.fleet import Fleet
+from actorsys.outcome import SupervisorStatistics
+from actorsys.runtime import ActorSupervisor, ChildSpec, Restart, ThreadTracker
+from actorsys.sinks import Sink
+from actorsys.sinks_fanout import as_sink
+from actorsys.snapshot import BufferPool
+
+log = logging.getLogger("actorsys")
+
+SHUTDOWN_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class Wiring:
+    flight: Flight
+    tracker: ThreadTracker
+    buffers: BufferPool
+    admission: Admission
+    retirer: Retirer
+    invoker: EvalInvoker
+    actors: ActorSupervisor
+    stages: tuple[Stage, ...]
+
+    def statistics(self) -> SupervisorStatistics:
+        retirer = self.retirer
+        return SupervisorStatistics(
+            in_flight=len(self.flight.unsettled()),
+            settled=len(retirer.settled_steps),
+            ok=retirer.ok_count,
+            skipped_by_reason=dict(retirer.reasons),
+            restarts=self.actors.restarts,
+            gave_up=self.admission.gave_up is not None,
+            closed=self.admission.closing,
+        )
+
+    def give_up(self, exc: Exception) -> None:
+        """The actors crashed too often: admit nothing more; what is in flight settles
+        ``crashed`` now (the actors are being cancelled)."""
+        self.admission.gave_up = exc
+        self.retirer.settle_now("crashed", f"the supervisor gave up: {exc!r}")
+        self.flight.wake()
+
+    def crashed(self, actor: str, exc: Exception) -> None:
+        for stage in self.stages:
+            if stage.name == actor:
+                stage.crashed(exc)
+
+
+def wire(
+    config: EvalConfig,
+    *,
+    eval_fn: Any,
+    sink: Sink,
+    fleets: Sequence[Fleet | None],
+    on_crash: Callable[[str, Exception], None],
+    on_give_up: Callable[[Exception], None],
+) -> Wiring:
+    """Build the actors of one supervisor (in the trio thread that will run them), after
+    preparing the staging dir: tmp dirs an earlier crashed run left there are removed.
+
+    Raises :class:`~actorsys.ConfigError` if the staging dir is unusable.
+    """
+    staging_dir = config.staging_dir
+    if staging_dir is not None:
+        staging_dir = staging.prepare_staging_dir(staging_dir)
+        for path in staging.sweep(staging_dir):
+            log.info("removed %s left by an earlier run", path)
+    flight = Flight()
+    tracker = ThreadTracker()
+    buffers = BufferPool(config.max_in_flight, on_free=flight.wake_from_any_thread)
+    export_send, export_recv = trio.open_memory_channel[Point](math.inf)
+    pin_send, pin_recv = trio.open_memory_channel[Point](math.inf)
+    eval_send, eval_recv = trio.open_memory_channel[Point](math.inf)
+    retirer = Retirer(config, flight, sink, tracker)
+    exporter = Exporter(config, flight, retirer, staging_dir, tracker)
+    pinner = FleetPinner(config, flight, retirer, fleets)
+    invoker = EvalInvoker(eval_fn, tracker)
+    runner = EvalRunner(config, flight, retirer, pinner, invoker)
+    admission = Admission(config, flight, retirer, staging_dir, buffers, export_send)
+
+    async def run_exporter() -> None:
+        await exporter.run(export_recv.clone(), pin_send.clone())
+
+    async def run_pinner() -> None:
+        await pinner.run(pin_recv.clone(), eval_send.clone())
+
+    async def run_runner() -> None:
+        await runner.run(eval_recv.clone())
+
+    async def run_retirer() -> None:
+        await retirer.run(retirer.inbox.clone())
+
+    def child(name: str, run: Callable[[], Any], stop: Callable[[], None]) -> ChildSpec:
+        return ChildSpec(name, run, Restart.TRANSIENT, SHUTDOWN_SECONDS, stop)
+
+    actors = ActorSupervisor(
+        [
+            child(exporter.name, run_exporter, export_send.close),
+            child(pinner.name, run_pinner, pin_send.close),
+            child(runner.name, run_runner, eval_send.close),
+            child(retirer.name, run_retirer, retirer.inbox_send.close),
+        ],
+        max_restarts=config.max_restarts,
+        restart_period=config.restart_period,
+        on_crash=on_crash,
+        on_give_up=on_give_up,
+    )
+    stages = (exporter, pinner, runner)
+    return Wiring(flight, tracker, buffers, admission, retirer, invoker, actors, stages)
+
+
+def check_collaborators(
+    config: object, eval_fn: object, fleet: object, sink: object
+) -> tuple[list[Fleet | None], Sink]:
+    """Check what a supervisor is built from; the fleets to lend out, and the sink to use.
+
+    Raises :class:`~actorsys.ConfigError` naming the argument that is unusable.
+    """
+    if not isinstance(config, EvalConfig):
+        raise ConfigError("config", f"expected an EvalConfig, got {type(config).__name__}")
+    _check_eval_fn(eval_fn)
+    return _fleets(fleet), as_sink(sink)  # type: ignore[arg-type]
+
+
+def _check_eval_fn(eval_fn: Any) -> None:
+    evaluate = getattr(eval_fn, "evaluate_checkpoint", None)
+    if not callable(evaluate):
+        raise ConfigError(
+            "eval_fn", f"{eval_fn!r} has no evaluate_checkpoint(checkpoint_dir, input) method"
+        )
+    runtime = getattr(eval_fn, "runtime", "trio")
+    if runtime not in RUNTIMES:
+        raise ConfigError("eval_fn.runtime", f"expected one of {', '.join(RUNTIMES)}, got {runtime!r}")
+    is_async = inspect.iscoroutinefunction(evaluate)
+    if runtime in ("trio", "asyncio") and not is_async:
+        raise ConfigError(
+            "eval_fn.evaluate_checkpoint",
+            f"runtime={runtime!r} needs an async def; use runtime='thread' for a plain def",
+        )
+    if runtime == "thread" and is_async:
+        raise ConfigError(
+            "eval_fn.evaluate_checkpoint",
+            "runtime='thread' needs a plain def; use runtime='trio' or 'asyncio' for an async def",
+        )
+
+
+def _fleets(fleet: object) -> list[Fleet | None]:
+    if fleet is None:
+        return [None]
+    fleets = [fleet] if isinstance(fleet, Fleet) else list(fleet)  # type: ignore[call-overload]
+    if not fleets or not all(isinstance(f, Fleet) for f in fleets):
+        raise ConfigError(
+            "fleet", f"expected a Fleet, a non-empty sequence of Fleets, or None, got {fleet!r}"
+        )
+    if len({id(f) for f in fleets}) != len(fleets):
+        raise ConfigError("fleet", "the same Fleet appears twice; each fleet evaluates one point at a time")
+    return list(fleets)
