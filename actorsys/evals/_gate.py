@@ -48,9 +48,10 @@ class RequestGate:
     """A proxy on 127.0.0.1 in front of ``upstreams``, serving while ``serve`` runs.
 
     Run it with ``url = await nursery.start(gate.serve)``; clients send to ``url`` + the
-    upstream path (``/v1/completions``); ``transport`` replaces the upstream connections. Cancelling ``serve`` closes the listener and every
-    open connection, upstream ones included. ``failure`` is set (and ``on_failure`` called)
-    when an upstream answered with weights other than ``expected_version``.
+    upstream path (``/v1/completions``); ``transport`` replaces the upstream connections.
+    Cancelling ``serve`` closes the listener and every open connection, upstream ones
+    included. ``failure`` is set (and the scope given to ``cancel_on_failure`` cancelled) when
+    an upstream answered with weights other than ``expected_version``.
     """
 
     def __init__(
