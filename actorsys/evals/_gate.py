@@ -31,6 +31,7 @@ from actorsys.fleet._tls import ssl_context
 from actorsys.fleet.completions import CompletionError, StaleWeightsError
 
 VERSION_HEADER = "x-actorsys-weight-version"
+HOP_HEADERS = frozenset({"host", "connection", "keep-alive", "content-length", "transfer-encoding"})
 MAX_BODY = 64 * 1024 * 1024
 
 
@@ -102,12 +103,12 @@ class RequestGate:
                 if request is None:
                     return
                 status, content = await self._answer(client, *request)
-                headers = [
-                    ("content-type", "application/json"),
-                    ("content-length", str(len(content))),
-                ]
+                reply = h11.Response(
+                    status_code=status,
+                    headers=[("content-type", "application/json"), ("content-length", str(len(content)))],
+                )
                 try:
-                    await stream.send_all(connection.send(h11.Response(status_code=status, headers=headers)))
+                    await stream.send_all(connection.send(reply))
                     await stream.send_all(connection.send(h11.Data(data=content)))
                     await stream.send_all(connection.send(h11.EndOfMessage()))
                 except (h11.LocalProtocolError, trio.BrokenResourceError):
@@ -117,7 +118,12 @@ class RequestGate:
                 connection.start_next_cycle()
 
     async def _answer(
-        self, client: httpx.AsyncClient, method: str, target: str, body: bytes
+        self,
+        client: httpx.AsyncClient,
+        method: str,
+        target: str,
+        headers: dict[str, str],
+        body: bytes,
     ) -> tuple[int, bytes]:
         prefix = f"/{self._token}/"
         if not target.startswith(prefix) or self.failure is not None:
@@ -125,7 +131,6 @@ class RequestGate:
             return 404, _error("no such gate (the evaluation it served has ended)")
         upstream = self.upstreams[next(self._next)]
         url = upstream + target[len(prefix) - 1 :]
-        headers = {"content-type": "application/json"}
         if self.expected_version is not None:
             headers[VERSION_HEADER] = self.expected_version
         self._forwarded += 1
@@ -159,8 +164,9 @@ class RequestGate:
 
 async def _read_request(
     connection: h11.Connection, stream: trio.SocketStream
-) -> tuple[str, str, bytes] | None:
-    """The next request's method, target and body; None when the client closed."""
+) -> tuple[str, str, dict[str, str], bytes] | None:
+    """The next request's method, target, end-to-end headers and body; None when the client
+    closed."""
     request: h11.Request | None = None
     body = bytearray()
     while True:
@@ -175,7 +181,12 @@ async def _read_request(
                 raise h11.RemoteProtocolError("request body too large")
         elif isinstance(event, h11.EndOfMessage):
             assert request is not None
-            return request.method.decode(), request.target.decode(), bytes(body)
+            headers = {
+                name.decode(): value.decode("latin-1")
+                for name, value in request.headers
+                if name.decode() not in HOP_HEADERS
+            }
+            return request.method.decode(), request.target.decode(), headers, bytes(body)
         elif isinstance(event, h11.ConnectionClosed) or event is h11.PAUSED:
             return None
 
