@@ -19,6 +19,7 @@ from actorsys.contracts import (
     RolloutFnTrainInput,
     RolloutFnTrainOutput,
 )
+from actorsys.evals import LmEvalTasks
 from actorsys.fleet import (
     Engine,
     EngineUnhealthyError,
@@ -47,6 +48,7 @@ __all__ = [
     "EvalSupervisor",
     "Fleet",
     "JsonlSink",
+    "LmEvalTasks",
     "MemorySink",
     "Outcome",
     "PinError",

@@ -15,6 +15,7 @@ EXPECTED = {
     "EvalSupervisor",
     "Fleet",
     "JsonlSink",
+    "LmEvalTasks",
     "MemorySink",
     "Outcome",
     "PinError",
