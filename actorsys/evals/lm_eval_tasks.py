@@ -29,7 +29,6 @@ from actorsys._errors import ConfigError
 from actorsys.contracts import CheckpointEvalFn, EvalSkip, RolloutFnEvalInput, RolloutFnEvalOutput
 from actorsys.evals._gate import RequestGate
 from actorsys.fleet._tls import ssl_context
-from actorsys.fleet.completions import CompletionError
 from actorsys.runtime import ThreadTracker, run_blocking
 
 LENGTH_FIELDS = ("n_positions", "max_position_embeddings", "n_ctx")
@@ -138,8 +137,8 @@ class LmEvalTasks(CheckpointEvalFn):
         if gate.failure is not None:
             raise gate.failure
         if error is not None and gate.statistics().upstream_errors:
-            detail = f"the fleet failed lm-eval's requests: {error!r}"
-            raise CompletionError(upstreams[0], -1, detail) from error
+            detail = f"the fleet at {', '.join(upstreams)} failed lm-eval's requests: {error!r}"
+            raise EvalSkip("unhealthy", detail) from error
         if error is not None:
             raise error
         if results is None:
