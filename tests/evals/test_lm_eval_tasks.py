@@ -19,10 +19,19 @@ import httpx
 import pytest
 import trio
 
-from actorsys import EvalConfig, EvalSupervisor, Fleet, MemorySink, Outcome, SGLangEngine
+from actorsys import (
+    EvalConfig,
+    EvalSkip,
+    EvalSupervisor,
+    Fleet,
+    MemorySink,
+    Outcome,
+    RolloutFnEvalInput,
+    SGLangEngine,
+)
 from actorsys.evals import LmEvalTasks
 from actorsys.evals._gate import VERSION_HEADER, RequestGate
-from actorsys.fleet.local import LocalFleet, embedded
+from actorsys.fleet.local import LocalFleet, embedded, free_port
 from tests.models import greedy, make_model, make_snapshot
 
 DATA = Path(__file__).parent.parent / "data" / "lm_eval"
@@ -226,3 +235,17 @@ async def test_a_hung_request_is_cut_at_eval_timeout_and_the_abandoned_run_never
     # The abandoned run did try again after the cut: its retries found the gate closed.
     refused = [r for r in caplog.records if "Connect" in r.getMessage()]
     assert refused, [r.getMessage()[:200] for r in caplog.records]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+async def test_a_fleet_that_fails_lm_evals_requests_skips_the_point_as_unhealthy(
+    setup: LmEvalSetup,
+) -> None:
+    fn = LmEvalTasks(["tiny_mc"], include_path=setup.tasks, max_retries=1)
+    fleet = Fleet([SGLangEngine(f"http://127.0.0.1:{free_port()}")])  # nothing listens there
+    snapshot = str(setup.snapshots[1])
+    with pytest.raises(EvalSkip) as raised:
+        await fn.evaluate_checkpoint(snapshot, RolloutFnEvalInput(1, "1", snapshot, fleet))
+    assert raised.value.reason == "unhealthy"
+    assert "failed lm-eval's requests" in str(raised.value)
