@@ -1,6 +1,7 @@
 """ServerEvalFn launching a real vLLM server (the vLLM tier, from .venv-vllm): each snapshot
-scored exactly as transformers answers it, a corrupt one refused before vLLM sees it, and no
-process left after dispose. Skipped when .venv-vllm is missing."""
+scored exactly as transformers answers it, with untied and tied embeddings (which vLLM's own
+reload gets wrong), a corrupt one refused before vLLM sees it, and no process left after
+dispose. Skipped when .venv-vllm is missing."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from actorsys import EvalConfig, EvalSupervisor, MemorySink
 from actorsys.evals import ServerEvalFn
+from actorsys.fleet.checkpoint import read_tensor_infos
 from tests.evals.conftest import Answers, process_tree, running
 from tests.fleet.conftest import TinyModels, corrupt_copy
 
@@ -34,12 +36,20 @@ def vllm_argv(model: Path) -> list[str]:
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.parametrize("embeddings", ["untied", "tied"])
 async def test_launched_vllm_server_scores_each_snapshot_and_refuses_a_corrupt_one(
-    tiny: TinyModels, answers: Answers, tmp_path: Path
+    embeddings: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
+    tiny: TinyModels = request.getfixturevalue("tiny" if embeddings == "untied" else "tied")
+    answers: Answers = request.getfixturevalue(
+        "answers" if embeddings == "untied" else "tied_answers"
+    )
+    has_head = "lm_head.weight" in read_tensor_infos(str(tiny.step1))
+    assert has_head == (embeddings == "untied")
     corrupt = corrupt_copy(tiny.step2, tmp_path / "corrupt")
     evaluation = ServerEvalFn(answers.dataset(), launch=vllm_argv(tiny.base), ready_timeout=400.0,
                               request_timeout=60.0, pin_timeout=120.0)
+    assert evaluation.tied_reload
     sink = MemorySink()
     config = EvalConfig(hf_dir=tmp_path / "staging", base_checkpoint=tiny.base,
                         eval_timeout=500.0, close_timeout=10.0)
