@@ -19,7 +19,16 @@ from actorsys.contracts import (
     RolloutFnTrainInput,
     RolloutFnTrainOutput,
 )
-from actorsys.evals import LmEvalTasks
+from actorsys.evals import (
+    DatasetError,
+    DatasetEval,
+    EvalDataset,
+    LmEvalTasks,
+    ServerEvalFn,
+    datasets_from_args,
+    load_eval_config,
+    score,
+)
 from actorsys.fleet import (
     Engine,
     EngineUnhealthyError,
@@ -39,11 +48,14 @@ __all__ = [
     "CheckpointEvalFn",
     "CloseReport",
     "ConfigError",
+    "DatasetError",
+    "DatasetEval",
     "DrainReport",
     "DuplicateStepError",
     "Engine",
     "EngineUnhealthyError",
     "EvalConfig",
+    "EvalDataset",
     "EvalSkip",
     "EvalSupervisor",
     "Fleet",
@@ -59,9 +71,13 @@ __all__ = [
     "RolloutFnTrainInput",
     "RolloutFnTrainOutput",
     "SGLangEngine",
+    "ServerEvalFn",
     "SubmitError",
     "SupervisorClosedError",
     "SupervisorGaveUpError",
     "SupervisorStatistics",
     "VLLMEngine",
+    "datasets_from_args",
+    "load_eval_config",
+    "score",
 ]

@@ -96,9 +96,15 @@ class EvalConfig:
         """Add the evaluation flags to a trainer's ``parser`` (one argument group, returned):
         ``--eval-hf-dir``, ``--save-hf``, ``--eval-max-in-flight``, ``--eval-overflow-policy``,
         ``--eval-keep-snapshots`` as miles names them, and ``--eval-timeout``,
-        ``--eval-pin-timeout``, ``--eval-close-timeout``. Flags the parser already defines are
-        left to it. A bad value is an argparse error naming the flag."""
-        return _flags.add_arguments(parser, cls)
+        ``--eval-pin-timeout``, ``--eval-close-timeout``; and miles' eval-data flags
+        (``--eval-prompt-data``, ``--eval-config``, ``--n-samples-per-eval-prompt``, ...; read
+        them back with :func:`actorsys.evals.datasets_from_args`). Flags the parser already
+        defines are left to it. A bad value is an argparse error naming the flag."""
+        from actorsys.evals.flags import add_dataset_arguments
+
+        group = _flags.add_arguments(parser, cls)
+        add_dataset_arguments(group)
+        return group
 
     @classmethod
     def from_args(cls, namespace: argparse.Namespace, **overrides: Any) -> EvalConfig:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import threading
+from collections import Counter
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ from actorsys import (
     RolloutFnEvalInput,
     RolloutFnEvalOutput,
 )
+from actorsys.fleet.completions import Completion, StaleWeightsError
 
 
 def tiny_state_dict(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -145,3 +148,42 @@ class FakeEngine:
         if self.version_error:
             raise RuntimeError(f"{self.name} cannot say")
         return self.version
+
+
+class ScriptedFleet:
+    """A pinned fleet whose answers the test scripts: ``answer(prompt, k)`` is the text of the
+    ``k``-th sample of ``prompt`` (None: that request failed after its retries). Records the
+    settings of every ``complete`` call. ``stale_version`` makes every answer come from other
+    weights."""
+
+    def __init__(
+        self,
+        answer: Callable[[str, int], str | None],
+        *,
+        version: str = "1",
+        stale_version: str | None = None,
+        tokens: int | None = 3,
+    ) -> None:
+        self.answer = answer
+        self.version = version
+        self.stale_version = stale_version
+        self.tokens = tokens
+        self.calls: list[dict[str, Any]] = []
+
+    async def complete(self, prompts: Sequence[str], **settings: Any) -> list[Completion]:
+        await trio.lowlevel.checkpoint()
+        self.calls.append({"prompts": list(prompts), **settings})
+        if self.stale_version is not None:
+            raise StaleWeightsError("fake://", 0, self.version, self.stale_version)
+        seen: Counter[str] = Counter()
+        answers = []
+        for index, prompt in enumerate(prompts):
+            text = self.answer(prompt, seen[prompt])
+            seen[prompt] += 1
+            if text is None:
+                answers.append(Completion(index, prompt, "", None, None, "fake://", error="down"))
+            else:
+                answers.append(
+                    Completion(index, prompt, text, "stop", self.version, "fake://", self.tokens)
+                )
+        return answers

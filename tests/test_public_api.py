@@ -6,11 +6,14 @@ EXPECTED = {
     "CheckpointEvalFn",
     "CloseReport",
     "ConfigError",
+    "DatasetError",
+    "DatasetEval",
     "DrainReport",
     "DuplicateStepError",
     "Engine",
     "EngineUnhealthyError",
     "EvalConfig",
+    "EvalDataset",
     "EvalSkip",
     "EvalSupervisor",
     "Fleet",
@@ -26,11 +29,15 @@ EXPECTED = {
     "RolloutFnTrainInput",
     "RolloutFnTrainOutput",
     "SGLangEngine",
+    "ServerEvalFn",
     "SubmitError",
     "SupervisorClosedError",
     "SupervisorGaveUpError",
     "SupervisorStatistics",
     "VLLMEngine",
+    "datasets_from_args",
+    "load_eval_config",
+    "score",
 }
 
 
@@ -44,6 +51,6 @@ def test_every_public_name_is_importable() -> None:
 
 
 def test_every_error_has_the_one_root() -> None:
-    for name in ("ConfigError", "SubmitError", "DuplicateStepError", "SupervisorClosedError",
+    for name in ("ConfigError", "DatasetError", "SubmitError", "DuplicateStepError", "SupervisorClosedError",
                  "SupervisorGaveUpError", "PinError", "EngineUnhealthyError", "PinViolationError"):
         assert issubclass(getattr(actorsys, name), actorsys.ActorsysError)

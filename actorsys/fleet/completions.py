@@ -23,6 +23,9 @@ from actorsys._errors import ActorsysError
 from actorsys.contracts import EvalSkip
 from actorsys.fleet._tls import ssl_context
 
+RETRY_INITIAL_DELAY = 0.1
+RETRY_MAX_DELAY = 2.0
+
 
 class CompletionError(ActorsysError, EvalSkip):
     """A completion request failed (no answer within its deadline, an error status, a
@@ -30,10 +33,11 @@ class CompletionError(ActorsysError, EvalSkip):
 
     skip_reason = "unhealthy"
 
-    def __init__(self, url: str, index: int, message: str) -> None:
+    def __init__(self, url: str, index: int, message: str, *, retryable: bool = True) -> None:
         EvalSkip.__init__(self, self.skip_reason, f"prompt {index} at {url}: {message}")
         self.url = url
         self.index = index
+        self.retryable = retryable
 
 
 class StaleWeightsError(CompletionError):
@@ -43,14 +47,16 @@ class StaleWeightsError(CompletionError):
 
     def __init__(self, url: str, index: int, expected: str, actual: str) -> None:
         message = f"answered with weight version {actual!r}; the fleet is pinned to {expected!r}"
-        super().__init__(url, index, message)
+        super().__init__(url, index, message, retryable=False)
         self.expected = expected
         self.actual = actual
 
 
 @dataclass(frozen=True)
 class Completion:
-    """One answer. ``weight_version`` is what the engine reported, None where it reports none."""
+    """One answer. ``weight_version`` is what the engine reported, None where it reports none;
+    ``completion_tokens`` the answer's length in tokens where the engine reports usage.
+    ``error`` is set (and ``text`` empty) for a request that failed, when failures are kept."""
 
     index: int
     prompt: str
@@ -58,6 +64,8 @@ class Completion:
     finish_reason: str | None
     weight_version: str | None
     url: str
+    completion_tokens: int | None = None
+    error: str | None = None
 
 
 async def complete(
@@ -72,6 +80,8 @@ async def complete(
     model: str | None = None,
     api_key: str | None = None,
     extra: Mapping[str, Any] | None = None,
+    retries: int = 0,
+    keep_failures: bool = False,
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> list[Completion]:
     """Complete ``prompts`` on the servers at ``targets`` (prompt ``i`` goes to
@@ -82,7 +92,13 @@ async def complete(
     :class:`CompletionError` (or :class:`StaleWeightsError` when ``expected_version`` is given
     and an engine reports another one). ``model`` defaults to the first id the first target
     lists in ``/v1/models`` (a router needs one). ``extra`` is merged into every request body
-    (e.g. ``{"seed": 0, "top_p": 0.9}``). Blocks until every answer is in; cancelling it
+    (e.g. ``{"seed": 0, "top_p": 0.9}``).
+
+    A request that fails (no answer in time, a connection error, a 5xx, a malformed body) is
+    sent again up to ``retries`` times, each time to the next target, after a short backoff;
+    an answer the server refused (a 4xx) is not retried. With ``keep_failures``, a request
+    that still fails comes back as a :class:`Completion` with ``error`` set instead of failing
+    the call; a stale version always fails it. Blocks until every answer is in; cancelling it
     closes the open connections.
     """
     if not targets:
@@ -91,6 +107,8 @@ async def complete(
         raise TypeError("complete(prompts): pass a sequence of strings, not one string")
     if not isinstance(concurrency, int) or concurrency < 1:
         raise ValueError(f"complete(concurrency): expected an integer >= 1, got {concurrency!r}")
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ValueError(f"complete(retries): expected an integer >= 0, got {retries!r}")
     if not request_timeout > 0:
         raise ValueError(
             f"complete(request_timeout): expected seconds > 0, got {request_timeout!r}"
@@ -121,27 +139,40 @@ async def complete(
             for prompt in prompts
         ]
 
+        async def attempt(index: int, url: str) -> Completion:
+            try:
+                with anyio.fail_after(request_timeout):
+                    answer = await _request(client, url, index, bodies[index])
+            except TimeoutError:
+                raise CompletionError(url, index, f"no answer within {request_timeout} s") from None
+            if (
+                expected_version is not None
+                and answer.weight_version is not None
+                and answer.weight_version != expected_version
+            ):
+                raise StaleWeightsError(url, index, expected_version, answer.weight_version)
+            return answer
+
         async def one(index: int, task_group: anyio.abc.TaskGroup) -> None:
-            url = targets[index % len(targets)].rstrip("/")
+            delay = RETRY_INITIAL_DELAY
             async with limiter:
-                try:
-                    with anyio.fail_after(request_timeout):
-                        answer = await _request(client, url, index, bodies[index])
-                    if (
-                        expected_version is not None
-                        and answer.weight_version is not None
-                        and answer.weight_version != expected_version
-                    ):
-                        raise StaleWeightsError(url, index, expected_version, answer.weight_version)
-                    results[index] = answer
-                except TimeoutError:
-                    failure.append(
-                        CompletionError(url, index, f"no answer within {request_timeout} s")
-                    )
-                    task_group.cancel_scope.cancel()
-                except CompletionError as exc:
-                    failure.append(exc)
-                    task_group.cancel_scope.cancel()
+                for tried in range(retries + 1):
+                    url = targets[(index + tried) % len(targets)].rstrip("/")
+                    try:
+                        results[index] = await attempt(index, url)
+                        return
+                    except CompletionError as exc:
+                        error = exc
+                    if not error.retryable or tried == retries:
+                        break
+                    await anyio.sleep(delay)
+                    delay = min(delay * 2, RETRY_MAX_DELAY)
+            if keep_failures and not isinstance(error, StaleWeightsError):
+                prompt = bodies[index]["prompt"]
+                results[index] = Completion(index, prompt, "", None, None, error.url, error=str(error))
+                return
+            failure.append(error)
+            task_group.cancel_scope.cancel()
 
         async with anyio.create_task_group() as task_group:
             for index in range(len(bodies)):
@@ -170,7 +201,8 @@ async def _request(
     except httpx.HTTPError as exc:
         raise CompletionError(url, index, f"request failed: {exc!r}") from exc
     if response.status_code != 200:
-        raise CompletionError(url, index, f"HTTP {response.status_code}: {response.text[:300]}")
+        message = f"HTTP {response.status_code}: {response.text[:300]}"
+        raise CompletionError(url, index, message, retryable=response.status_code >= 500)
     try:
         payload = response.json()
         choice = payload["choices"][0]
@@ -180,6 +212,8 @@ async def _request(
         raise CompletionError(url, index, message) from exc
     metadata = payload.get("metadata")
     version = metadata.get("weight_version") if isinstance(metadata, dict) else None
+    usage = payload.get("usage")
+    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
     return Completion(
         index=index,
         prompt=body["prompt"],
@@ -187,4 +221,5 @@ async def _request(
         finish_reason=choice.get("finish_reason"),
         weight_version=None if version is None else str(version),
         url=url,
+        completion_tokens=tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else None,
     )

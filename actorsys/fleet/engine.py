@@ -141,13 +141,17 @@ class Fleet:
         model: str | None = None,
         api_key: str | None = None,
         extra: Mapping[str, Any] | None = None,
+        retries: int = 0,
+        keep_failures: bool = False,
     ) -> list[Completion]:
         """Complete every prompt on this fleet; see :func:`actorsys.fleet.completions.complete`.
 
         Requests go to the router if there is one, else round-robin over the engines. With
         ``check_version``, an answer whose engine reports a version other than the pinned one
         raises :class:`~actorsys.fleet.completions.StaleWeightsError` (the point is skipped as
-        ``pin_violation``). Runs under trio or asyncio; the caller's cancel scope bounds it.
+        ``pin_violation``). A failed request is retried ``retries`` times on the next engine;
+        with ``keep_failures`` one that still fails comes back with ``error`` set instead of
+        failing the call. Runs under trio or asyncio; the caller's cancel scope bounds it.
         """
         targets = [self.router_url] if self.router_url is not None else self.urls
         if not targets:
@@ -163,6 +167,8 @@ class Fleet:
             model=model,
             api_key=api_key,
             extra=extra,
+            retries=retries,
+            keep_failures=keep_failures,
         )
 
     async def pin(self, path: str, version: str, *, retries: int = 0) -> None:

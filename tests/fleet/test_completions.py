@@ -121,3 +121,67 @@ def test_fleet_exposes_the_router_or_its_engines_urls() -> None:
     assert Fleet(engines).base_url is None
     assert Fleet(engines, router_url="http://r:9/").base_url == "http://r:9"
     assert Fleet(engines[:1]).base_url == "http://a:1"
+
+
+async def test_a_failed_request_is_retried_on_the_next_target(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    def a_is_down(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "a":
+            raise httpx.ConnectError("refused")
+        return answer(request)
+
+    recorder = Recorder(a_is_down)
+    answers = await complete(
+        ["http://a", "http://b"], ["x", "y"], model="m", retries=1, transport=recorder.transport
+    )
+    assert [a.url for a in answers] == ["http://b", "http://b"]
+    assert [r.url.host for r in recorder.requests].count("a") == 1
+
+
+async def test_kept_failures_come_back_with_their_error_after_the_retries(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    def fails(request: httpx.Request) -> httpx.Response:
+        if json.loads(request.content)["prompt"] == "bad":
+            return httpx.Response(500, text="boom")
+        return answer(request)
+
+    recorder = Recorder(fails)
+    good, bad = await complete(
+        ["http://a"], ["ok", "bad"], model="m", retries=2, keep_failures=True,
+        transport=recorder.transport,
+    )
+    assert (good.text, good.error) == ("OK", None)
+    assert bad.text == "" and bad.error is not None and "HTTP 500: boom" in bad.error
+    assert len(recorder.requests) == 1 + 3
+
+
+async def test_a_refused_request_is_not_retried() -> None:
+    recorder = Recorder(lambda request: httpx.Response(400, text="prompt too long"))
+    (refused,) = await complete(
+        ["http://a"], ["x"], model="m", retries=3, keep_failures=True, transport=recorder.transport
+    )
+    assert refused.error is not None and "HTTP 400" in refused.error
+    assert len(recorder.requests) == 1
+
+
+async def test_a_stale_answer_fails_the_call_even_when_failures_are_kept() -> None:
+    recorder = Recorder(lambda request: answer(request, version="2"))
+    with pytest.raises(StaleWeightsError):
+        await complete(
+            ["http://a"], ["x"], model="m", expected_version="3", retries=2, keep_failures=True,
+            transport=recorder.transport,
+        )
+    assert len(recorder.requests) == 1
+
+
+async def test_completion_tokens_come_from_the_usage() -> None:
+    def with_usage(request: httpx.Request) -> httpx.Response:
+        response = answer(request)
+        payload = json.loads(response.content)
+        payload["usage"] = {"completion_tokens": 7}
+        return httpx.Response(200, json=payload)
+
+    (one,) = await complete(["http://a"], ["x"], model="m", transport=Recorder(with_usage).transport)
+    assert one.completion_tokens == 7

@@ -1,0 +1,168 @@
+"""miles' eval flags, on :meth:`EvalConfig.add_arguments <actorsys.EvalConfig.add_arguments>`,
+and :func:`datasets_from_args`, which turns them into datasets.
+
+``--eval-prompt-data NAME PATH [NAME PATH ...]`` and ``--eval-config FILE`` say what to
+evaluate; ``--n-samples-per-eval-prompt``, ``--eval-max-response-len``, ``--eval-temperature``,
+``--eval-top-p``, ``--eval-input-key``, ``--eval-label-key`` and ``--rm-type`` how. As in
+miles, an unset ``--eval-input-key`` / ``--eval-label-key`` / ``--eval-max-response-len`` /
+``--eval-temperature`` / ``--eval-top-p`` falls back to the trainer's ``--input-key`` /
+``--label-key`` / ``--rollout-max-response-len`` / ``--rollout-temperature`` /
+``--rollout-top-p`` where the trainer's parser has them. A flag the parser already defines
+(miles defines all of these) is left to it and read back from the namespace.
+
+The trainer, the external-server eval and the watch service all read the datasets through
+:func:`datasets_from_args`, so eval settings are defined once.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from actorsys._errors import ConfigError
+from actorsys.evals.datasets import DatasetError, EvalDataset
+from actorsys.evals.eval_config import load_eval_config
+from actorsys.evals.scorers import MILES_RM_TYPES, SCORERS, check_scorer
+
+
+@dataclass(frozen=True)
+class SettingFlag:
+    option: str
+    field: str
+    parse: Callable[[str], Any]
+    metavar: str
+    help: str
+    miles_fallback: str | None = None
+
+    @property
+    def dest(self) -> str:
+        return self.option.removeprefix("--").replace("-", "_")
+
+
+SETTING_FLAGS = (
+    SettingFlag("--n-samples-per-eval-prompt", "n_samples", int, "N",
+                "samples per eval prompt, for pass@k (default 1)"),
+    SettingFlag("--eval-max-response-len", "max_tokens", int, "TOKENS",
+                "most tokens per eval answer (default 256)", "rollout_max_response_len"),
+    SettingFlag("--eval-temperature", "temperature", float, "T",
+                "sampling temperature of eval answers (default 0: greedy)", "rollout_temperature"),
+    SettingFlag("--eval-top-p", "top_p", float, "P", "nucleus sampling of eval answers "
+                "(default 1)", "rollout_top_p"),
+    SettingFlag("--eval-input-key", "input_key", str, "KEY",
+                "record key of the prompt in eval data (default prompt)", "input_key"),
+    SettingFlag("--eval-label-key", "label_key", str, "KEY",
+                "record key of the label in eval data (default label)", "label_key"),
+    SettingFlag("--rm-type", "scorer", str, "SCORER",
+                f"how eval answers are graded: {', '.join(SCORERS + tuple(MILES_RM_TYPES))} "
+                "(default exact)"),
+)
+
+SAMPLE_RECORD = {"prompt": "p", "label": "1"}
+
+
+class _Pairs(argparse.Action):
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        items = [values] if isinstance(values, str) else list(values or [])
+        if len(items) % 2:
+            raise argparse.ArgumentError(
+                self, f"expected NAME PATH pairs, got {len(items)} values: {' '.join(items)}"
+            )
+        setattr(namespace, self.dest, items)
+
+
+def add_dataset_arguments(group: argparse._ArgumentGroup) -> None:
+    """Add the eval-data flags to ``group`` (skipping flags its parser already defines)."""
+    try:
+        group.add_argument(
+            "--eval-prompt-data", dest="eval_prompt_data", nargs="+", action=_Pairs,
+            metavar="NAME PATH", default=None,
+            help="eval datasets as NAME PATH pairs of JSONL files",
+        )
+    except argparse.ArgumentError:
+        pass
+    try:
+        group.add_argument(
+            "--eval-config", dest="eval_config", metavar="FILE", default=None,
+            help="YAML file of eval datasets: {defaults: {...}, datasets: [{name, path, ...}]}",
+        )
+    except argparse.ArgumentError:
+        pass
+    for flag in SETTING_FLAGS:
+        try:
+            group.add_argument(
+                flag.option, dest=flag.dest, type=_checked(flag), default=None,
+                metavar=flag.metavar, help=flag.help,
+            )
+        except argparse.ArgumentError:
+            continue
+
+
+def dataset_settings(namespace: argparse.Namespace) -> dict[str, Any]:
+    """The dataset settings the flags in ``namespace`` set (unset ones are left out)."""
+    settings: dict[str, Any] = {}
+    for flag in SETTING_FLAGS:
+        value = getattr(namespace, flag.dest, None)
+        if value is None and flag.miles_fallback is not None:
+            value = getattr(namespace, flag.miles_fallback, None)
+        if value is not None:
+            settings[flag.field] = value
+    return settings
+
+
+def datasets_from_args(namespace: argparse.Namespace) -> list[EvalDataset]:
+    """The datasets of ``--eval-config`` then of ``--eval-prompt-data``, with the setting
+    flags as their defaults (a setting in the eval config file wins over its flag). An empty
+    list when neither is set. Raises :class:`~actorsys.evals.DatasetError` (a
+    :class:`~actorsys.ConfigError`) for a bad file, ``ConfigError`` for two datasets of one
+    name. Blocking (reads the files)."""
+    settings = dataset_settings(namespace)
+    datasets: list[EvalDataset] = []
+    config = getattr(namespace, "eval_config", None)
+    if config:
+        datasets.extend(load_eval_config(config, defaults=settings))
+    pairs = list(getattr(namespace, "eval_prompt_data", None) or [])
+    if len(pairs) % 2:
+        raise ConfigError("--eval-prompt-data", f"expected NAME PATH pairs, got {pairs}")
+    for name, path in zip(pairs[::2], pairs[1::2], strict=True):
+        try:
+            datasets.append(EvalDataset.from_jsonl(path, name=name, **settings))
+        except DatasetError as exc:
+            exc.add_note(f"set by --eval-prompt-data {name} {path}")
+            raise
+    names = [dataset.name for dataset in datasets]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise ConfigError(
+            "--eval-prompt-data", f"dataset names must be unique; {duplicates} appear twice"
+        )
+    return datasets
+
+
+def _checked(flag: SettingFlag) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            value = flag.parse(text)
+        except ValueError as exc:
+            kind = "an integer" if flag.parse is int else "a number"
+            raise argparse.ArgumentTypeError(f"{text!r} is not {kind}") from exc
+        try:
+            if flag.field == "scorer":
+                return check_scorer(value)
+            if flag.field in ("input_key", "label_key"):
+                if not value:
+                    raise argparse.ArgumentTypeError("expected a key name")
+                return value
+            EvalDataset(name="flag", records=(SAMPLE_RECORD,), **{flag.field: value})
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[-1]) from exc
+        return value
+
+    return parse

@@ -1,0 +1,93 @@
+"""The metrics of one dataset's samples, named as miles names them.
+
+- ``eval/<name>``: the mean score over every sample (a failed request scores 0).
+- ``eval/<name>/pass@<k>``: the unbiased estimator of the chance that at least one of ``k``
+  samples of a prompt is correct, averaged over prompts, for k = 1, 2, 4, ... up to
+  ``n_samples``, and ``n_samples`` itself. A sample is correct when it scores 1.
+- ``eval/<name>/response_len/mean``: mean completion tokens of the answered samples (left out
+  when the engine reports no usage).
+- ``eval/<name>/truncated_ratio``: the share of answered samples that stopped at
+  ``max_tokens`` (finish reason ``length``).
+- ``eval/<name>/errors``: requests that failed after their retries.
+- ``eval/<name>/scorer_errors``: answers whose scorer raised (scored 0).
+- ``eval/<name>/samples``: how many samples were drawn.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One answer to one prompt, scored. ``error`` is why it has no answer (or why its scorer
+    failed); such a sample scores 0."""
+
+    prompt: str
+    answer: str
+    label: Any
+    score: float
+    finish_reason: str | None = None
+    completion_tokens: int | None = None
+    error: str | None = None
+    request_failed: bool = False
+
+    def as_record(self) -> dict[str, Any]:
+        """What ``outcome.data["samples"][name]`` keeps of it."""
+        record = {"prompt": self.prompt, "answer": self.answer, "label": self.label,
+                  "score": self.score}
+        if self.error is not None:
+            record["error"] = self.error
+        return record
+
+
+def pass_at_k(n: int, correct: int, k: int) -> float:
+    """The unbiased pass@k estimator of Chen et al. (2021): ``1 - C(n-c, k) / C(n, k)``, the
+    chance that ``k`` of ``n`` samples drawn without replacement hold at least one of the
+    ``correct`` ones."""
+    if not 0 <= correct <= n or not 1 <= k <= n:
+        raise ValueError(f"pass_at_k: need 0 <= correct <= n and 1 <= k <= n, got {n=}, "
+                         f"{correct=}, {k=}")
+    if n - correct < k:
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - correct + 1, n + 1))
+
+
+def pass_ks(n: int) -> list[int]:
+    """1, 2, 4, ... up to ``n``, and ``n``."""
+    ks = []
+    k = 1
+    while k <= n:
+        ks.append(k)
+        k *= 2
+    if ks[-1] != n:
+        ks.append(n)
+    return ks
+
+
+def dataset_metrics(name: str, samples: Sequence[Sample], n_samples: int) -> dict[str, float]:
+    """The metrics of ``samples``, ``n_samples`` consecutive samples per prompt."""
+    if not samples or len(samples) % n_samples:
+        raise ValueError(f"{name}: expected {n_samples} samples per prompt, got {len(samples)}")
+    prefix = f"eval/{name}"
+    metrics: dict[str, float] = {prefix: sum(s.score for s in samples) / len(samples)}
+    groups = [samples[i : i + n_samples] for i in range(0, len(samples), n_samples)]
+    correct = [sum(1 for s in group if s.score >= 1.0) for group in groups]
+    for k in pass_ks(n_samples):
+        estimates = [pass_at_k(n_samples, c, k) for c in correct]
+        metrics[f"{prefix}/pass@{k}"] = sum(estimates) / len(estimates)
+    answered = [s for s in samples if not s.request_failed]
+    lengths = [s.completion_tokens for s in answered if s.completion_tokens is not None]
+    if lengths:
+        metrics[f"{prefix}/response_len/mean"] = sum(lengths) / len(lengths)
+    truncated = sum(1 for s in answered if s.finish_reason == "length")
+    metrics[f"{prefix}/truncated_ratio"] = truncated / len(answered) if answered else 0.0
+    metrics[f"{prefix}/errors"] = float(len(samples) - len(answered))
+    metrics[f"{prefix}/scorer_errors"] = float(
+        sum(1 for s in answered if s.error is not None)
+    )
+    metrics[f"{prefix}/samples"] = float(len(samples))
+    return metrics
