@@ -1,11 +1,17 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
-import pytest
+# Nothing is fetched from a hub in tests: models and datasets are made here. These are read
+# when huggingface_hub and datasets are imported, so they are set before anything imports them.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-from actorsys import EvalConfig, MemorySink
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+from actorsys import EvalConfig, MemorySink  # noqa: E402
 
 
 @pytest.fixture

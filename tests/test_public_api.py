@@ -26,6 +26,7 @@ EXPECTED = {
     "EvalSupervisor",
     "Fleet",
     "JsonlSink",
+    "LmEvalTasks",
     "MemorySink",
     "Outcome",
     "PinError",

@@ -7,12 +7,15 @@
 - :class:`DatasetEval`: samples and scores datasets on the pipeline's pinned fleet.
 - :class:`ServerEvalFn`: the same evaluation on an external vLLM or sglang server, attached to
   or launched, pinned to each checkpoint by the eval fn itself.
+- :class:`LmEvalTasks`: lm-evaluation-harness tasks on the pinned fleet (extra ``lm-eval``;
+  importing this package does not import lm-eval).
 """
 
 from actorsys.evals.dataset_eval import DatasetEval
 from actorsys.evals.datasets import DatasetError, EvalDataset
 from actorsys.evals.eval_config import load_eval_config
 from actorsys.evals.flags import datasets_from_args
+from actorsys.evals.lm_eval_tasks import LmEvalTasks
 from actorsys.evals.scorers import SCORERS, score
 from actorsys.evals.server import ServerEvalFn
 
@@ -21,6 +24,7 @@ __all__ = [
     "DatasetError",
     "DatasetEval",
     "EvalDataset",
+    "LmEvalTasks",
     "ServerEvalFn",
     "datasets_from_args",
     "load_eval_config",

@@ -43,7 +43,8 @@ from actorsys.fleet._process import ManagedProcess, spawn
 from actorsys.fleet.engine import CheckpointRejectedError, EngineUnhealthyError, Fleet
 from actorsys.fleet.local import free_port
 from actorsys.fleet.sglang import SGLangEngine
-from actorsys.fleet.vllm import VLLMEngine
+from actorsys.fleet.vllm import RELOAD, TIED_RELOAD, VLLMEngine
+from actorsys.fleet.vllm_worker import EXTENSION_CLASS, WORKER_DIR
 
 log = logging.getLogger("actorsys.evals")
 
@@ -60,7 +61,9 @@ class ServerEvalFn(CheckpointEvalFn):
     """Samples and scores ``datasets`` on one external server, pinned to each checkpoint.
 
     Exactly one of ``url`` (attach) or ``launch`` (an argv with ``{port}``; the process gets
-    ``VLLM_SERVER_DEV_MODE=1`` so vLLM exposes its weight-update endpoints) is given.
+    ``VLLM_SERVER_DEV_MODE=1`` so vLLM exposes its weight-update endpoints; a launched vLLM
+    server also gets actorsys' worker extension, so that models with tied embeddings reload
+    correctly, unless the argv names a ``--worker-extension-cls`` of its own) is given.
     ``flavor``: ``"vllm"``, ``"sglang"`` (also the embedded engine) or ``"auto"`` (probed at
     the first evaluation). ``api_key`` is sent as a bearer token. ``concurrency``,
     ``request_timeout`` and ``retries`` bound the sampling requests as for
@@ -118,6 +121,14 @@ class ServerEvalFn(CheckpointEvalFn):
         self.grace = require_seconds("ServerEvalFn(grace)", grace)
         self.concurrency = concurrency
         self.retries = retries
+        # A launched vLLM server gets actorsys' worker extension, whose reload also rebuilds a
+        # tied lm_head: vLLM's own reload leaves its CPU kernel built from the old weights.
+        self.tied_reload = (
+            self.launch is not None
+            and flavor != "sglang"
+            and any("vllm" in arg for arg in self.launch)
+            and "--worker-extension-cls" not in self.launch
+        )
         self.process: ManagedProcess | None = None
         self.log_path: str | None = None
         self._engine: ServerClient | None = None
@@ -131,9 +142,12 @@ class ServerEvalFn(CheckpointEvalFn):
     def make_engine(self, flavor: Literal["vllm", "sglang"], url: str) -> ServerClient:
         """The client of the server for ``flavor``: :class:`VLLMEngine` or
         :class:`SGLangEngine`."""
-        cls = VLLMEngine if flavor == "vllm" else SGLangEngine
-        return cls(url, name=url, api_key=self.api_key, request_timeout=self.request_timeout,
-                   load_timeout=self.pin_timeout)
+        if flavor == "vllm":
+            return VLLMEngine(url, name=url, api_key=self.api_key,
+                              request_timeout=self.request_timeout, load_timeout=self.pin_timeout,
+                              reload_method=TIED_RELOAD if self.tied_reload else RELOAD)
+        return SGLangEngine(url, name=url, api_key=self.api_key,
+                            request_timeout=self.request_timeout, load_timeout=self.pin_timeout)
 
     async def evaluate_checkpoint(
         self, checkpoint_dir: str, input: RolloutFnEvalInput  # noqa: A002
@@ -196,11 +210,14 @@ class ServerEvalFn(CheckpointEvalFn):
         assert self.launch is not None
         port = free_port()
         argv = [arg.replace("{port}", str(port)) for arg in self.launch]
+        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+        if self.tied_reload:
+            argv += ["--worker-extension-cls", EXTENSION_CLASS]
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (WORKER_DIR, env.get("PYTHONPATH")) if p)
         handle, self.log_path = tempfile.mkstemp(prefix="actorsys-eval-server-", suffix=".log")
         os.close(handle)
         # Forked from this (the evaluating trio) thread: the server lives as long as it.
-        self.process = spawn("eval-server", argv, log_path=self.log_path,
-                             env={**os.environ, "VLLM_SERVER_DEV_MODE": "1"}, grace=self.grace)
+        self.process = spawn("eval-server", argv, log_path=self.log_path, env=env, grace=self.grace)
         self.url = f"http://127.0.0.1:{port}"
         log.info("launched the eval server %s at %s (log %s)", argv[0], self.url, self.log_path)
 

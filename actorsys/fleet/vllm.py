@@ -39,6 +39,10 @@ T = TypeVar("T")
 log = logging.getLogger("actorsys.fleet")
 
 DEV_MODE_HINT = "start vLLM with VLLM_SERVER_DEV_MODE=1 to enable the weight-update endpoints"
+RELOAD = "reload_weights"
+TIED_RELOAD = "reload_weights_tied"
+"""The reload of the worker extension in ``actorsys/fleet/vllm_worker``, which also rebuilds
+a tied ``lm_head`` (vLLM's own reload leaves it stale on the CPU)."""
 
 
 class VLLMEngine(HttpEngine):
@@ -47,9 +51,12 @@ class VLLMEngine(HttpEngine):
     ``served_model_dir``: the checkpoint the server was started from, as this process sees it
     (default: the ``root`` vLLM reports in ``/v1/models``); if it cannot be read here, only the
     checks that need no reference run. ``require_complete``: refuse checkpoints without the
-    ``.complete`` marker. Every method blocks on the server; the caller's cancel scope bounds
-    it, and cancelling closes the connection (a cancelled load still tries, shielded and
-    within ``request_timeout``, to resume the server).
+    ``.complete`` marker. ``reload_method``: the worker method ``POST /collective_rpc`` calls
+    to reload, ``"reload_weights"`` (vLLM's own) or ``"reload_weights_tied"`` on a server
+    started with actorsys' worker extension (see ``actorsys.fleet.local.vllm``), which also
+    reloads models with tied embeddings correctly. Every method blocks on the server; the
+    caller's cancel scope bounds it, and cancelling closes the connection (a cancelled load
+    still tries, shielded and within ``request_timeout``, to resume the server).
     """
 
     def __init__(
@@ -60,6 +67,7 @@ class VLLMEngine(HttpEngine):
         api_key: str | None = None,
         served_model_dir: str | None = None,
         require_complete: bool = False,
+        reload_method: str = RELOAD,
         request_timeout: float = 30.0,
         load_timeout: float = 600.0,
         transport: httpx.AsyncBaseTransport | None = None,
@@ -74,6 +82,12 @@ class VLLMEngine(HttpEngine):
         )
         self.served_model_dir = served_model_dir
         self.require_complete = require_complete
+        if reload_method not in (RELOAD, TIED_RELOAD):
+            raise ValueError(
+                f"VLLMEngine(reload_method): expected {RELOAD!r} or {TIED_RELOAD!r}, "
+                f"got {reload_method!r}"
+            )
+        self.reload_method = reload_method
         self._reference: tuple[dict[str, Any] | None, dict[str, TensorInfo] | None] | None = None
         self.threads = ThreadTracker()
         self._file_limiter = trio.CapacityLimiter(1)
@@ -98,7 +112,7 @@ class VLLMEngine(HttpEngine):
         try:
             await self._post(
                 "/collective_rpc",
-                json={"method": "reload_weights", "kwargs": {"weights_path": path}},
+                json={"method": self.reload_method, "kwargs": {"weights_path": path}},
                 seconds=self.load_timeout,
                 retry_server_errors=False,
             )

@@ -24,6 +24,7 @@ from actorsys.fleet.checkpoint import (
     read_tensor_infos,
     weight_files,
 )
+from actorsys.fleet.embedded.logprobs import TokenLogprob, at_position, score_prompt
 
 INITIAL_VERSION = "default"
 
@@ -31,7 +32,9 @@ INITIAL_VERSION = "default"
 @dataclass(frozen=True)
 class GenerationRequest:
     """One sequence to continue. ``temperature == 0`` is greedy; ``seed`` makes sampling
-    repeatable."""
+    repeatable. Generation ends at the first of ``stop`` that appears in the decoded text.
+    ``logprobs`` (top-k count) asks for the log-probabilities of the generated tokens, and
+    with ``echo`` of the prompt's tokens too."""
 
     input_ids: list[int]
     max_new_tokens: int
@@ -39,13 +42,21 @@ class GenerationRequest:
     top_p: float = 1.0
     seed: int | None = None
     ignore_eos: bool = False
+    stop: tuple[str, ...] = ()
+    logprobs: int | None = None
+    echo: bool = False
 
 
 @dataclass(frozen=True)
 class GenerationResult:
+    """``prompt_logprobs`` is set for ``echo`` requests with ``logprobs``, ``output_logprobs``
+    for requests with ``logprobs`` (one per output token)."""
+
     output_ids: list[int]
     finish_reason: str
     weight_version: str
+    prompt_logprobs: list[TokenLogprob] | None = None
+    output_logprobs: list[TokenLogprob] | None = None
 
 
 class ModelHost:
@@ -108,11 +119,39 @@ class ModelHost:
     def decode(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(ids, skip_special_tokens=True))
 
+    def token_text(self, token_id: int) -> str:
+        """One token as text, special tokens included (the ``tokens`` of a logprobs answer)."""
+        return str(self.tokenizer.decode([token_id], skip_special_tokens=False))
+
     @torch.inference_mode()
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        """Continue every request in one left-padded batch with a shared KV cache."""
+        """Continue every request in one left-padded batch with a shared KV cache; score the
+        prompts of ``echo`` requests that ask for ``logprobs``, each alone."""
         if not requests:
             return []
+        prompt_logprobs = [
+            score_prompt(self.model, r.input_ids, r.logprobs)
+            if r.echo and r.logprobs is not None
+            else None
+            for r in requests
+        ]
+        outputs, reasons, output_logprobs = self._continue(requests)
+        return [
+            GenerationResult(
+                output_ids=out,
+                finish_reason=reason,
+                weight_version=self.version,
+                prompt_logprobs=scored,
+                output_logprobs=logprobs,
+            )
+            for out, reason, scored, logprobs in zip(
+                outputs, reasons, prompt_logprobs, output_logprobs, strict=True
+            )
+        ]
+
+    def _continue(
+        self, requests: list[GenerationRequest]
+    ) -> tuple[list[list[int]], list[str], list[list[TokenLogprob] | None]]:
         batch = len(requests)
         width = max(len(r.input_ids) for r in requests)
         ids = torch.full((batch, width), self.pad_id, dtype=torch.long)
@@ -127,8 +166,13 @@ class ModelHost:
             for r in requests
         ]
         outputs: list[list[int]] = [[] for _ in requests]
+        logprobs: list[list[TokenLogprob] | None] = [
+            None if r.logprobs is None else [] for r in requests
+        ]
         reasons = ["length"] * batch
         done = [r.max_new_tokens <= 0 for r in requests]
+        if all(done):
+            return outputs, reasons, logprobs
         cache = DynamicCache(config=self.model.config)
         logits = self._forward(ids, mask, positions, cache)
         while not all(done):
@@ -140,7 +184,12 @@ class ModelHost:
                 token = _choose(logits[row], request, generators[row])
                 step.append(token)
                 outputs[row].append(token)
+                scored = logprobs[row]
+                if scored is not None and request.logprobs is not None:
+                    scored.append(at_position(logits[row], token, request.logprobs))
                 if token in self.eos_ids and not request.ignore_eos:
+                    done[row], reasons[row] = True, "stop"
+                elif request.stop and stop_index(self.decode(outputs[row]), request.stop) is not None:
                     done[row], reasons[row] = True, "stop"
                 elif len(outputs[row]) >= request.max_new_tokens:
                     done[row] = True
@@ -150,10 +199,7 @@ class ModelHost:
             positions = positions[:, -1:] + 1
             tokens = torch.tensor(step, dtype=torch.long)[:, None]
             logits = self._forward(tokens, mask, positions, cache)
-        return [
-            GenerationResult(output_ids=out, finish_reason=reason, weight_version=self.version)
-            for out, reason in zip(outputs, reasons, strict=True)
-        ]
+        return outputs, reasons, logprobs
 
     def _forward(
         self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any
@@ -168,6 +214,12 @@ class ModelHost:
             **kwargs,
         )
         return out.logits[:, -1, :].float()
+
+
+def stop_index(text: str, stop: tuple[str, ...]) -> int | None:
+    """Where the earliest of the ``stop`` sequences starts in ``text`` (None: none occurs)."""
+    found = [index for index in (text.find(s) for s in stop) if index >= 0]
+    return min(found) if found else None
 
 
 def _choose(

@@ -1,5 +1,9 @@
 """Parsing the bodies of ``/generate`` (sglang) and ``/v1/completions`` (OpenAI) into
-generation requests, with errors that name the bad field."""
+generation requests, with errors that name the bad field.
+
+``/v1/completions`` takes what lm-evaluation-harness' ``local-completions`` model sends: prompts
+as strings or token id lists, ``stop`` sequences, and for log-likelihoods ``echo`` with
+``logprobs`` (and ``max_tokens`` 0 or 1)."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from actorsys._errors import ActorsysError
 from actorsys.fleet.embedded.model import GenerationRequest
 
 MAX_SEQUENCES = 256
+MAX_LOGPROBS = 20
 
 
 class BadRequest(ActorsysError, ValueError):  # noqa: N818 - it is an HTTP 400, named as such
@@ -52,6 +57,7 @@ def generate_requests(
             ignore_eos=p.get("ignore_eos", False),
             prefix="sampling_params.",
             max_tokens_field="max_new_tokens",
+            stop=_stop(p.get("stop"), "sampling_params.stop"),
         )
         for ids, p in zip(id_lists, param_list, strict=True)
     ]
@@ -64,6 +70,15 @@ def completion_requests(body: dict[str, Any], host: Tokenizing) -> list[Generati
         raise BadRequest("stream: streaming is not supported by the embedded engine")
     if body.get("n", 1) != 1:
         raise BadRequest("n: only n=1 is supported")
+    stop = _stop(body.get("stop"), "stop")
+    logprobs = body.get("logprobs")
+    if logprobs is not None and (
+        isinstance(logprobs, bool) or not isinstance(logprobs, int) or not 0 <= logprobs <= MAX_LOGPROBS
+    ):
+        raise BadRequest(f"logprobs: expected an integer in [0, {MAX_LOGPROBS}] or null, got {logprobs!r}")
+    echo = body.get("echo", False)
+    if not isinstance(echo, bool):
+        raise BadRequest(f"echo: expected true or false, got {echo!r}")
     prompt = body.get("prompt")
     if isinstance(prompt, str):
         id_lists = [host.encode(prompt)]
@@ -86,6 +101,9 @@ def completion_requests(body: dict[str, Any], host: Tokenizing) -> list[Generati
             ignore_eos=body.get("ignore_eos", False),
             prefix="",
             max_tokens_field="max_tokens",
+            stop=stop,
+            logprobs=logprobs,
+            echo=echo,
         )
         for ids in id_lists
     ]
@@ -102,6 +120,9 @@ def _request(
     ignore_eos: Any,
     prefix: str,
     max_tokens_field: str,
+    stop: tuple[str, ...] = (),
+    logprobs: int | None = None,
+    echo: bool = False,
 ) -> GenerationRequest:
     if not ids:
         raise BadRequest("prompt: empty prompts are not supported")
@@ -131,7 +152,21 @@ def _request(
         top_p=float(top_p),
         seed=seed,
         ignore_eos=ignore_eos,
+        stop=stop,
+        logprobs=logprobs,
+        echo=echo,
     )
+
+
+def _stop(value: Any, field: str) -> tuple[str, ...]:
+    """Stop sequences as a tuple of non-empty strings (OpenAI takes one string or a list)."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise BadRequest(f"{field}: expected a string, a list of strings, or null")
+    return tuple(v for v in value if v)
 
 
 def _strings(value: Any, field: str) -> list[str]:

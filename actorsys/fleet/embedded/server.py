@@ -31,7 +31,13 @@ from starlette.routing import Route
 
 from actorsys._errors import ActorsysError
 from actorsys.fleet.checkpoint import CheckpointMismatchError
-from actorsys.fleet.embedded.model import GenerationRequest, GenerationResult, ModelHost
+from actorsys.fleet.embedded.logprobs import openai_logprobs
+from actorsys.fleet.embedded.model import (
+    GenerationRequest,
+    GenerationResult,
+    ModelHost,
+    stop_index,
+)
 from actorsys.fleet.embedded.requests import BadRequest, completion_requests, generate_requests
 
 log = logging.getLogger("actorsys.engine")
@@ -236,13 +242,8 @@ class EmbeddedEngine:
             return JSONResponse({"error": {"message": str(exc)}}, status_code=400)
         results = await self.generate(requests)
         choices = [
-            {
-                "index": index,
-                "text": self.host.decode(result.output_ids),
-                "finish_reason": result.finish_reason,
-                "logprobs": None,
-            }
-            for index, result in enumerate(results)
+            self._choice(index, req, result)
+            for index, (req, result) in enumerate(zip(requests, results, strict=True))
         ]
         prompt_tokens = sum(len(r.input_ids) for r in requests)
         completion_tokens = sum(len(r.output_ids) for r in results)
@@ -261,6 +262,28 @@ class EmbeddedEngine:
                 "metadata": {"weight_version": results[0].weight_version if results else None},
             }
         )
+
+
+    def _choice(
+        self, index: int, request: GenerationRequest, result: GenerationResult
+    ) -> dict[str, Any]:
+        """One ``choices`` entry: the text cut before the first stop sequence (as OpenAI does),
+        after the prompt's text with ``echo``, and the log-probabilities asked for."""
+        text = self.host.decode(result.output_ids)
+        cut = stop_index(text, request.stop) if request.stop else None
+        if cut is not None:
+            text = text[:cut]
+        prefix = self.host.decode(request.input_ids) if request.echo else ""
+        logprobs = None
+        if result.output_logprobs is not None:
+            tokens = (result.prompt_logprobs or []) + result.output_logprobs
+            logprobs = openai_logprobs(tokens, self.host.token_text)
+        return {
+            "index": index,
+            "text": prefix + text,
+            "finish_reason": result.finish_reason,
+            "logprobs": logprobs,
+        }
 
 
 async def _failed(request: Request, exc: Exception) -> JSONResponse:

@@ -1,0 +1,87 @@
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+from actorsys.evals import EvalDataset
+from tests.fleet.conftest import TinyModels, tiny  # noqa: F401 - the shared tiny-model fixture
+from tests.models import PROMPTS, greedy, make_snapshot, make_tokenizer, random_model, tiny_config
+
+MAX_TOKENS = 6
+
+
+@dataclass(frozen=True)
+class Answers:
+    """A dataset whose labels are what step1 answers on the first prompts and step2 on the
+    last, with the score each snapshot must get (from transformers' own greedy answers)."""
+
+    path: Path
+    expected: dict[str, float]
+
+    def dataset(self, **settings: object) -> EvalDataset:
+        return EvalDataset.from_jsonl(self.path, max_tokens=MAX_TOKENS, **settings)  # type: ignore[arg-type]
+
+
+def label_file(models: TinyModels, directory: Path) -> Answers:
+    by_snapshot = {
+        name: greedy(getattr(models, name), PROMPTS, MAX_TOKENS) for name in ("base", "step1", "step2")
+    }
+    labels = [*by_snapshot["step1"][:3], by_snapshot["step2"][3]]
+    path = directory / "answers.jsonl"
+    path.write_text("".join(json.dumps({"prompt": p, "label": label}) + "\n"
+                            for p, label in zip(PROMPTS, labels, strict=True)))
+    expected = {
+        name: sum(a.strip() == label.strip() for a, label in zip(got, labels, strict=True)) / 4
+        for name, got in by_snapshot.items()
+    }
+    assert expected["step1"] != expected["step2"], "the snapshots must answer differently"
+    return Answers(path, expected)
+
+
+@pytest.fixture(scope="session")
+def tied(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
+    """Like ``tiny``, with tied embeddings (the checkpoints hold no ``lm_head.weight``)."""
+    root = tmp_path_factory.mktemp("tied")
+    tokenizer = make_tokenizer()
+    tokenizer.save_pretrained(root / "base")
+    config = tiny_config(len(tokenizer), tokenizer.eos_token_id)
+    config.tie_word_embeddings = True
+    random_model(config, seed=10).save_pretrained(root / "base")
+    (root / "base" / ".complete").write_bytes(b"")
+    make_snapshot(root / "base", root / "step1", seed=11)
+    make_snapshot(root / "base", root / "step2", seed=12)
+    return TinyModels(root / "base", root / "step1", root / "step2", root / "base")
+
+
+@pytest.fixture(scope="session")
+def tied_answers(tied: TinyModels, tmp_path_factory: pytest.TempPathFactory) -> Answers:
+    return label_file(tied, tmp_path_factory.mktemp("tied-answers"))
+
+
+@pytest.fixture(scope="session")
+def answers(tiny: TinyModels, tmp_path_factory: pytest.TempPathFactory) -> Answers:  # noqa: F811
+    return label_file(tiny, tmp_path_factory.mktemp("answers"))
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and every process below it now."""
+    try:
+        return [pid, *(p.pid for p in psutil.Process(pid).children(recursive=True))]
+    except psutil.NoSuchProcess:
+        return [pid]
+
+
+def running(pids: list[int]) -> list[int]:
+    """Those of ``pids`` that still run (a zombie waiting to be reaped does not)."""
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive

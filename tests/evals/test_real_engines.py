@@ -1,0 +1,209 @@
+"""DatasetEval and ServerEvalFn against real embedded engine processes on loopback, with real
+faults (a killed server, a restart in the middle of a pin, a reload by someone else).
+Wall-clock bound: each test has a timeout."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+import trio
+
+from actorsys import EvalConfig, EvalSkip, EvalSupervisor, MemorySink, RolloutFnEvalInput
+from actorsys.evals import DatasetEval, EvalDataset, ServerEvalFn
+from actorsys.evals.metrics import pass_at_k
+from actorsys.fleet.local import LocalFleet, embedded
+from tests.evals.conftest import Answers, process_tree, running
+from tests.fleet.conftest import TinyModels
+
+pytestmark = pytest.mark.slow
+
+
+def config(tmp_path: Path, tiny: TinyModels) -> EvalConfig:
+    return EvalConfig(hf_dir=tmp_path / "staging", base_checkpoint=tiny.base, pin_timeout=60.0,
+                      eval_timeout=120.0, close_timeout=10.0)
+
+
+def engine_argv(model: Path) -> list[str]:
+    return [sys.executable, "-m", "actorsys", "engine", "--model", str(model), "--port", "{port}"]
+
+
+def point(step: int, snapshot: Path) -> RolloutFnEvalInput:
+    return RolloutFnEvalInput(rollout_id=step, hf_dir=str(snapshot))
+
+
+class LogEvent(logging.Handler):
+    """Sets ``event`` when actorsys logs a message containing ``text`` (e.g. a client that
+    retries a request because the server is away)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+        self.event = trio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.event.set()
+
+    def __enter__(self) -> trio.Event:
+        logger = logging.getLogger("actorsys")
+        logger.addHandler(self)
+        self.level_before = logger.level
+        logger.setLevel(logging.INFO)
+        return self.event
+
+    def __exit__(self, *exc: object) -> None:
+        logger = logging.getLogger("actorsys")
+        logger.removeHandler(self)
+        logger.setLevel(self.level_before)
+
+
+@pytest.mark.timeout(240)
+async def test_dataset_eval_scores_each_snapshot_on_two_engines_and_pass_at_k_is_the_estimator(
+    tiny: TinyModels, answers: Answers, tmp_path: Path
+) -> None:
+    greedy_set = answers.dataset(name="greedy")
+    sampled = answers.dataset(name="sampled", n_samples=4, temperature=1.0)
+    sink = MemorySink()
+    async with LocalFleet.open([embedded(str(tiny.base))] * 2) as local:
+        evaluation = DatasetEval([greedy_set, sampled], concurrency=4, request_timeout=30.0)
+        async with EvalSupervisor.open(config(tmp_path, tiny), eval_fn=evaluation,
+                                       fleet=local.fleet, sink=sink) as sup:
+            for step, snapshot in ((1, tiny.step1), (2, tiny.step2)):
+                await sup.submit(step, checkpoint_dir=snapshot)
+            assert (await sup.drain(timeout=180)).pending == []
+    for step, name in ((1, "step1"), (2, "step2")):
+        outcome = sink.by_step()[step]
+        assert outcome.status == "ok", (outcome.reason, outcome.data)
+        metrics = outcome.metrics
+        assert metrics["eval/greedy"] == answers.expected[name]
+        assert metrics["eval/greedy/pass@1"] == answers.expected[name]
+        assert (metrics["eval/greedy/errors"], metrics["eval/greedy/samples"]) == (0.0, 4.0)
+        assert metrics["eval/greedy/truncated_ratio"] == 1.0
+        assert metrics["eval/greedy/response_len/mean"] == 6.0
+        samples = outcome.data["samples"]["sampled"]
+        assert len(samples) == 16
+        correct = [sum(s["score"] == 1.0 for s in samples[i : i + 4]) for i in range(0, 16, 4)]
+        for k in (1, 2, 4):
+            hand = sum(pass_at_k(4, c, k) for c in correct) / 4
+            assert metrics[f"eval/sampled/pass@{k}"] == pytest.approx(hand)
+        assert metrics["eval/sampled"] == pytest.approx(sum(correct) / 16)
+
+
+@pytest.mark.timeout(240)
+async def test_attached_server_eval_pins_scores_survives_a_restart_mid_pin_and_never_launches(
+    tiny: TinyModels, answers: Answers
+) -> None:
+    async with LocalFleet.open([embedded(str(tiny.base))]) as local:
+        before = {p.pid for p in psutil.Process().children(recursive=True)}
+        evaluation = ServerEvalFn(answers.dataset(), url=local.urls[0], request_timeout=30.0,
+                                  pin_timeout=60.0)
+        first = await evaluation.evaluate_checkpoint(str(tiny.step1), point(1, tiny.step1))
+        assert first.metrics is not None
+        assert first.metrics["eval/answers"] == answers.expected["step1"]
+
+        pid = local.engines[0].process.command_pid()
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        await local.engines[0].process.wait()
+        result = {}
+        with LogEvent("retrying") as retried:
+            async with trio.open_nursery() as nursery:
+                async def second() -> None:
+                    result["output"] = await evaluation.evaluate_checkpoint(
+                        str(tiny.step2), point(2, tiny.step2))
+                nursery.start_soon(second)
+                await retried.wait()
+                await local.restart(0)
+        assert result["output"].metrics["eval/answers"] == answers.expected["step2"]
+        assert await local.fleet.engines[0].weight_version() == "2"
+
+        assert evaluation.process is None
+        after = {p.pid for p in psutil.Process().children(recursive=True)}
+        assert after - before <= {local.engines[0].process.pid,
+                                  *(c.pid for c in psutil.Process(local.engines[0].process.pid)
+                                    .children(recursive=True))}
+        await evaluation.dispose()
+        await local.fleet.engines[0].health()
+
+
+@pytest.mark.timeout(240)
+async def test_a_reload_by_someone_else_during_the_evaluation_is_a_pin_violation(
+    tiny: TinyModels, answers: Answers
+) -> None:
+    async with LocalFleet.open([embedded(str(tiny.base))]) as local:
+        url = local.urls[0]
+
+        def meddling(answer: str, label: object, record: dict) -> float:
+            body = {"model_path": str(tiny.step2), "weight_version": "someone-else",
+                    "abort_all_requests": False}
+            httpx.post(f"{url}/update_weights_from_disk", json=body, timeout=60).raise_for_status()
+            return 1.0
+
+        records = ({"prompt": "one two three", "label": "x"},)
+        dataset = EvalDataset(name="d", records=records, max_tokens=4, scorer=meddling)
+        evaluation = ServerEvalFn(dataset, url=url, request_timeout=30.0)
+        with pytest.raises(EvalSkip) as caught:
+            await evaluation.evaluate_checkpoint(str(tiny.step1), point(1, tiny.step1))
+        assert caught.value.reason == "pin_violation", caught.value
+        assert "'someone-else'" in str(caught.value)
+
+
+@pytest.mark.timeout(240)
+async def test_launched_server_killed_between_points_skips_unhealthy_and_dispose_leaves_nothing(
+    tiny: TinyModels, answers: Answers, tmp_path: Path
+) -> None:
+    evaluation = ServerEvalFn(answers.dataset(), launch=engine_argv(tiny.base),
+                              ready_timeout=120.0, request_timeout=30.0, grace=2.0)
+    assert evaluation.process is None
+    sink = MemorySink()
+    try:
+        async with EvalSupervisor.open(config(tmp_path, tiny), eval_fn=evaluation,
+                                       sink=sink) as sup:
+            await sup.submit(1, checkpoint_dir=tiny.step1)
+            await sup.drain(timeout=180)
+            process = evaluation.process
+            assert process is not None
+            tree = process_tree(process.pid)
+            pid = process.command_pid()
+            assert pid is not None
+            os.kill(pid, signal.SIGKILL)
+            await process.wait()
+            await sup.submit(2, checkpoint_dir=tiny.step2)
+            await sup.drain(timeout=60)
+    finally:
+        await evaluation.dispose()
+    first, second = sink.by_step()[1], sink.by_step()[2]
+    assert first.status == "ok", (first.reason, first.data)
+    assert first.metrics["eval/answers"] == answers.expected["step1"]
+    assert (second.status, second.reason) == ("skipped", "unhealthy")
+    assert running(tree) == []
+    assert evaluation.process is None
+
+
+@pytest.mark.timeout(120)
+async def test_launched_server_is_stopped_by_dispose_also_when_cancelled(
+    tiny: TinyModels, answers: Answers
+) -> None:
+    evaluation = ServerEvalFn(answers.dataset(), launch=engine_argv(tiny.base), grace=2.0)
+    with LogEvent("launched the eval server") as launched, trio.CancelScope() as scope:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(evaluation.evaluate_checkpoint, str(tiny.step1),
+                               point(1, tiny.step1))
+            await launched.wait()
+            scope.cancel()
+    process = evaluation.process
+    assert process is not None and process.returncode is None
+    tree = process_tree(process.pid)
+    log_path = evaluation.log_path
+    with trio.CancelScope() as cancelled:
+        cancelled.cancel()
+        await evaluation.dispose()
+    assert running(tree) == []
+    assert log_path is not None and not os.path.exists(log_path)
