@@ -40,7 +40,7 @@ async def _pin(pipeline: Pipeline, point: Point) -> None:
             return
         assert point.snapshot is not None
         with trio.move_on_after(config.pin_timeout) as deadline:
-            await fleet.pin(point.snapshot, version, retries=config.pin_retries)
+            await fleet.pin(point.snapshot, version, retries=config.pin_retries, probe=config.probe)
             point.weight_version = version
         if deadline.cancelled_caught:
             pipeline.fail(
