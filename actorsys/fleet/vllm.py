@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
@@ -31,10 +32,16 @@ from actorsys.fleet.checkpoint import (
     read_tensor_infos,
 )
 from actorsys.fleet.engine import CheckpointRejectedError, EngineUnhealthyError
+from actorsys.fleet.probe import ProbeUnsupportedError
+from actorsys.fleet.sglang import GREEDY
 
 log = logging.getLogger("actorsys.fleet")
 
 DEV_MODE_HINT = "start vLLM with VLLM_SERVER_DEV_MODE=1 to enable the weight-update endpoints"
+RELOAD = "reload_weights"
+TIED_RELOAD = "reload_weights_tied"
+"""The reload of the worker extension in ``actorsys/fleet/vllm_worker``, which also rebuilds
+a tied ``lm_head`` (vLLM's own reload leaves it stale on the CPU)."""
 
 
 class VLLMEngine(HttpEngine):
@@ -43,9 +50,12 @@ class VLLMEngine(HttpEngine):
     ``served_model_dir``: the checkpoint the server was started from, as this process sees it
     (default: the ``root`` vLLM reports in ``/v1/models``); if it cannot be read here, only the
     checks that need no reference run. ``require_complete``: refuse checkpoints without the
-    ``.complete`` marker. Every method blocks on the server; the caller's cancel scope bounds
-    it, and cancelling closes the connection (a cancelled load still tries, shielded and
-    within ``request_timeout``, to resume the server).
+    ``.complete`` marker. ``reload_method``: the worker method ``POST /collective_rpc`` calls
+    to reload, ``"reload_weights"`` (vLLM's own) or ``"reload_weights_tied"`` on a server
+    started with actorsys' worker extension (see ``actorsys.fleet.local.vllm``), which also
+    reloads models with tied embeddings correctly. Every method blocks on the server; the
+    caller's cancel scope bounds it, and cancelling closes the connection (a cancelled load
+    still tries, shielded and within ``request_timeout``, to resume the server).
     """
 
     def __init__(
@@ -56,6 +66,7 @@ class VLLMEngine(HttpEngine):
         api_key: str | None = None,
         served_model_dir: str | None = None,
         require_complete: bool = False,
+        reload_method: str = RELOAD,
         request_timeout: float = 30.0,
         load_timeout: float = 600.0,
         transport: httpx.AsyncBaseTransport | None = None,
@@ -70,6 +81,12 @@ class VLLMEngine(HttpEngine):
         )
         self.served_model_dir = served_model_dir
         self.require_complete = require_complete
+        if reload_method not in (RELOAD, TIED_RELOAD):
+            raise ValueError(
+                f"VLLMEngine(reload_method): expected {RELOAD!r} or {TIED_RELOAD!r}, "
+                f"got {reload_method!r}"
+            )
+        self.reload_method = reload_method
         self._reference: tuple[dict[str, Any] | None, dict[str, TensorInfo] | None] | None = None
 
     async def health(self) -> None:
@@ -92,7 +109,7 @@ class VLLMEngine(HttpEngine):
         try:
             await self._post(
                 "/collective_rpc",
-                json={"method": "reload_weights", "kwargs": {"weights_path": path}},
+                json={"method": self.reload_method, "kwargs": {"weights_path": path}},
                 seconds=self.load_timeout,
                 retry_server_errors=False,
             )
@@ -116,6 +133,36 @@ class VLLMEngine(HttpEngine):
             raise self._unexpected("GET", "/weight_info", response)
         version = json_object(response).get("weight_version")
         return None if version is None else str(version)
+
+    async def greedy_tokens(
+        self, prompts: Sequence[Sequence[int]], max_tokens: int
+    ) -> list[list[int]]:
+        """The weight probe: one ``POST /v1/completions`` with the prompts as token ids,
+        greedy, ``return_token_ids``; returns each choice's ``token_ids``. Raises
+        :class:`~actorsys.fleet.probe.ProbeUnsupportedError` if the server returns no token
+        ids, :class:`EngineUnhealthyError` for an error status."""
+        body = {
+            "prompt": [list(p) for p in prompts],
+            "max_tokens": max_tokens,
+            "return_token_ids": True,
+            **{k: v for k, v in GREEDY.items() if k != "top_k"},
+            "top_k": 0,
+        }
+        response = await self._until_answered("POST", "/v1/completions", json=body)
+        if response.status_code == 404:
+            raise ProbeUnsupportedError("it has no POST /v1/completions")
+        if response.status_code != 200:
+            raise self._unexpected("POST", "/v1/completions", response)
+        try:
+            choices = sorted(response.json()["choices"], key=lambda choice: choice["index"])
+            answers = [[int(t) for t in choice["token_ids"]] for choice in choices]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ProbeUnsupportedError(f"completions carry no token_ids: {exc!r}") from exc
+        if len(answers) != len(prompts):
+            raise EngineUnhealthyError(
+                self.name, f"answered {len(answers)} of {len(prompts)} probe prompts"
+            )
+        return answers
 
     async def _post(
         self,
