@@ -40,7 +40,7 @@ from actorsys import (  # noqa: E402
     RolloutFnEvalOutput,
 )
 from actorsys.fleet.local import LocalFleet, embedded  # noqa: E402
-from actorsys.fleet.probe import WeightProbe  # noqa: E402
+from actorsys.fleet.probe import WeightProbe, probe_prompts  # noqa: E402
 from tests.models import make_model, make_snapshot, random_model  # noqa: E402
 
 VLLM_PYTHON = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
@@ -105,15 +105,18 @@ def memory_mb() -> dict[str, float]:
 
 
 def reference_memory(snapshot: str) -> None:
+    import torch
     from transformers import AutoModelForCausalLM
 
     before = memory_mb()
     model = AutoModelForCausalLM.from_pretrained(snapshot, dtype="auto")
+    with torch.inference_mode():
+        model(input_ids=torch.tensor(probe_prompts(model.config.vocab_size)), use_cache=False)
     loaded = memory_mb()
-    size = sum(p.numel() * p.element_size() for p in model.state_dict().values()) / 2**20
+    size = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
     del model
-    print("| reference model loaded as the probe loads it | weights MB | anonymous MB added "
-          "| file-backed MB added |")
+    print("| reference model loaded as the probe loads it, after a forward | weights MB "
+          "| anonymous MB added | file-backed MB added |")
     print("|---|---|---|---|")
     print(f"| {snapshot.rsplit('/', 1)[-1]} | {size:.0f} "
           f"| {loaded['RssAnon'] - before['RssAnon']:.0f} "
