@@ -6,6 +6,7 @@ way to probe at all."""
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -13,8 +14,10 @@ import httpx
 import pytest
 import torch
 import trio
+import trio.testing
 
 from actorsys import EvalConfig, EvalSupervisor, Fleet, MemorySink, SGLangEngine
+from actorsys.fleet import probe as probe_module
 from actorsys.fleet.embedded.model import ModelHost
 from actorsys.fleet.embedded.server import EmbeddedEngine
 from actorsys.fleet.probe import (
@@ -234,3 +237,22 @@ async def test_no_false_alarm_over_twenty_pins_of_random_tiny_models(
             pins += 1
     assert pins == 20
     assert not [r for r in caplog.records if "weight probe" in r.getMessage()]
+
+
+async def test_pin_deadline_abandons_a_reference_still_computing(
+    tiny: TinyModels, monkeypatch: pytest.MonkeyPatch, autojump_clock: trio.testing.MockClock
+) -> None:
+    release = threading.Event()
+
+    def stuck(path: str) -> Reference:
+        release.wait()
+        raise AssertionError("abandoned: nobody reads this")
+
+    monkeypatch.setattr(probe_module, "compute_reference", stuck)
+    fleet = Fleet([OtherWeightsEngine("engine", serves=tiny.step1)])
+    try:
+        with trio.move_on_after(30) as deadline:
+            await fleet.pin(str(tiny.step1), "1")
+        assert deadline.cancelled_caught and fleet.version is None
+    finally:
+        release.set()
