@@ -33,9 +33,15 @@ class TiedWeightsReload:
         return rebuild_tied_modules(worker.model_runner.get_model())
 
 
+REBUILT_METHODS = ("UnquantizedEmbeddingMethod",)
+"""Quantization methods whose processing is a pure function of the weight (on the CPU: pack
+it for the GEMM kernel), so running it again is safe; others are left alone."""
+
+
 def rebuild_tied_modules(model: Any) -> int:
     """Re-run ``quant_method.process_weights_after_loading`` on each module whose ``weight``
-    parameter is the same object as an earlier module's (a tied head)."""
+    parameter is the same object as an earlier module's (a tied head), for the methods in
+    ``REBUILT_METHODS``."""
     import torch
 
     owners: dict[int, Any] = {}
@@ -49,6 +55,8 @@ def rebuild_tied_modules(model: Any) -> int:
                 owners[id(weight)] = module
                 continue
             method = getattr(module, "quant_method", None)
+            if type(method).__name__ not in REBUILT_METHODS:
+                continue
             process = getattr(method, "process_weights_after_loading", None)
             if process is not None:
                 process(module)
