@@ -1,10 +1,11 @@
 """The trainer flags of :class:`~actorsys.EvalConfig`, named as miles launch scripts name them.
 
 ``--eval-hf-dir``, ``--save-hf``, ``--eval-max-in-flight``, ``--eval-overflow-policy`` and
-``--eval-keep-snapshots`` are miles' own flags; ``--eval-timeout``, ``--eval-pin-timeout`` and
-``--eval-close-timeout`` are ours. A flag the trainer's parser already defines (miles defines
-``--save-hf``) is left to it and read back from the namespace under its usual name, and
-miles' ``{rollout_id}`` in a ``--save-hf`` pattern reads as ``{step}``.
+``--eval-keep-snapshots`` are miles' own flags; ``--eval-timeout``, ``--eval-pin-timeout``,
+``--eval-close-timeout`` and ``--eval-probe on|off`` are ours. A flag the trainer's parser
+already defines (miles defines ``--save-hf``) is left to it and read back from the namespace
+under its usual name, and miles' ``{rollout_id}`` in a ``--save-hf`` pattern reads as
+``{step}``.
 
 Values are checked by building the config itself, so a bad one is reported by argparse under
 its flag with EvalConfig's own message.
@@ -37,6 +38,16 @@ class Flag:
         return self.option.removeprefix("--").replace("-", "_")
 
 
+def on_off(text: str) -> bool:
+    """``on`` / ``off`` (also ``true`` / ``false``, ``1`` / ``0``) as a bool."""
+    value = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}.get(
+        text.strip().lower()
+    )
+    if value is None:
+        raise ValueError(text)
+    return value
+
+
 def save_hf_pattern(text: str) -> str:
     """A ``--save-hf`` pattern with miles' ``{rollout_id}`` spelled ``{step}``."""
     return text.replace(ROLLOUT_ID, "{step}")
@@ -63,6 +74,9 @@ FLAGS = (
          "seconds pinning the fleet to a snapshot may take before the point is skipped"),
     Flag("--eval-close-timeout", "close_timeout", float, "SECONDS",
          "seconds drain-then-cancel may take when the trainer closes evaluation"),
+    Flag("--eval-probe", "probe", on_off, "on|off",
+         "after a pin, check that every engine computes what the snapshot computes, not only "
+         "that it reports its version"),
 )
 
 
@@ -111,7 +125,9 @@ def _checked(flag: Flag, config_cls: type[Any]) -> Callable[[str], Any]:
         try:
             value = flag.parse(text)
         except ValueError as exc:
-            kind = "an integer" if flag.parse is int else "a number"
+            kind = {int: "an integer", float: "a number", on_off: "on or off"}.get(
+                flag.parse, "valid"
+            )
             raise argparse.ArgumentTypeError(f"{text!r} is not {kind}") from exc
         try:
             config_cls(**{flag.field: value})

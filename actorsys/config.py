@@ -49,6 +49,10 @@ class EvalConfig:
     - ``max_restarts`` within ``restart_period`` seconds: actor crashes tolerated before the
       supervisor gives up.
     - ``max_shard_size``: bytes per safetensors shard of an export.
+    - ``probe``: after the version reads back, every engine answers a short fixed probe that
+      must agree with what the snapshot computes (see :mod:`actorsys.fleet.probe`); an engine
+      serving other weights is ``pin_violation``. Where no probe can be had (an engine with no
+      completion endpoint, a snapshot without a config) the pin checks the version only.
     """
 
     hf_dir: str | os.PathLike[str] | None = None
@@ -65,6 +69,7 @@ class EvalConfig:
     max_restarts: int = 3
     restart_period: float = 60.0
     max_shard_size: int = 5 * 1000**3
+    probe: bool = True
 
     def __post_init__(self) -> None:
         for name in ("hf_dir", "base_checkpoint"):
@@ -81,6 +86,8 @@ class EvalConfig:
             raise ConfigError(
                 "overflow", f"expected one of {', '.join(OVERFLOW_POLICIES)}, got {self.overflow!r}"
             )
+        if not isinstance(self.probe, bool):
+            raise ConfigError("probe", f"expected True or False, got {self.probe!r}")
         _require_int("max_in_flight", self.max_in_flight, minimum=1)
         _require_int("keep_snapshots", self.keep_snapshots, minimum=0)
         _require_int("pin_retries", self.pin_retries, minimum=0)
@@ -96,7 +103,7 @@ class EvalConfig:
         """Add the evaluation flags to a trainer's ``parser`` (one argument group, returned):
         ``--eval-hf-dir``, ``--save-hf``, ``--eval-max-in-flight``, ``--eval-overflow-policy``,
         ``--eval-keep-snapshots`` as miles names them, and ``--eval-timeout``,
-        ``--eval-pin-timeout``, ``--eval-close-timeout``; and miles' eval-data flags
+        ``--eval-pin-timeout``, ``--eval-close-timeout``, ``--eval-probe on|off``; and miles' eval-data flags
         (``--eval-prompt-data``, ``--eval-config``, ``--n-samples-per-eval-prompt``, ...; read
         them back with :func:`actorsys.evals.datasets_from_args`). Flags the parser already
         defines are left to it. A bad value is an argparse error naming the flag."""

@@ -1,13 +1,19 @@
-"""Pin latency of the embedded fleet, and where the time from submit to eval start goes.
+"""Pin latency of the embedded fleet, what the weight probe adds to it, and where the time
+from submit to eval start goes.
 
-Run: ``.venv/bin/python bench/pin.py [--hidden 512 --layers 8 --repeats 5]``
+Run: ``.venv/bin/python bench/pin.py [--hidden 512 --layers 8 --repeats 5] [--vllm]``
 
 1. Pin one engine, then four engines loading in parallel, to the same snapshots (alternating
-   between two, so every pin loads new weights); prints the median and the ratio.
-2. Submit points through EvalSupervisor (export from a model in memory) to a fleet of one and
+   between two, so every pin loads new weights), with the weight probe off and on in turn;
+   prints the medians side by side, what the probe adds, and the 4 / 1 engine ratio. With
+   ``--vllm``, the same for one vLLM server (from ``.venv-vllm``, tied embeddings, as the
+   local fleet launches it).
+2. The memory the probe's reference costs: the snapshot loaded as the probe loads it, anonymous
+   memory (a copy) against file-backed memory (the mapped safetensors) of this process.
+3. Submit points through EvalSupervisor (export from a model in memory) to a fleet of one and
    of four engines and splits the time from submit to the eval fn's start into the time
-   submit blocks the caller (the weight copy), export, pin, and the rest (hand-offs between
-   actors); the four add up to the total.
+   submit blocks the caller (the weight copy), export, pin (probe included), and the rest
+   (hand-offs between actors); the four add up to the total.
 """
 
 from __future__ import annotations
@@ -34,7 +40,10 @@ from actorsys import (  # noqa: E402
     RolloutFnEvalOutput,
 )
 from actorsys.fleet.local import LocalFleet, embedded  # noqa: E402
+from actorsys.fleet.probe import WeightProbe, probe_prompts  # noqa: E402
 from tests.models import make_model, make_snapshot, random_model  # noqa: E402
+
+VLLM_PYTHON = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
 
 
 class StartStamp(CheckpointEvalFn):
@@ -50,13 +59,81 @@ class StartStamp(CheckpointEvalFn):
         return RolloutFnEvalOutput(data={})
 
 
-async def pin_times(fleet: Fleet, snapshots: list[str], repeats: int) -> list[float]:
+async def pin_times(
+    fleet: Fleet, snapshots: list[str], repeats: int
+) -> dict[bool, list[float]]:
+    """Pin times with the probe off and on, interleaved so that noise hits both alike."""
+    times: dict[bool, list[float]] = {False: [], True: []}
+    count = 0
+    for _ in range(repeats):
+        for probe in (False, True):
+            started = trio.current_time()
+            await fleet.pin(snapshots[count % 2], f"bench-{count}", probe=probe)
+            times[probe].append(trio.current_time() - started)
+            count += 1
+    return times
+
+
+def print_pin_table(rows: list[tuple[str, dict[bool, list[float]]]]) -> None:
+    print("| pin (health + load + read back) | probe off, median s | probe on, median s "
+          "| the probe adds, ms | on / off |")
+    print("|---|---|---|---|---|")
+    for label, times in rows:
+        off, on = median(times[False]), median(times[True])
+        print(f"| {label} | {off:.3f} | {on:.3f} | {1000 * (on - off):.0f} | {on / off:.2f} |")
+
+
+async def reference_times(snapshots: list[str], repeats: int) -> list[float]:
+    """The probe's reference alone, as a pin computes it (a worker thread of this process)."""
+    probe = WeightProbe()
     times = []
     for index in range(repeats):
         started = trio.current_time()
-        await fleet.pin(snapshots[index % 2], f"bench-{index}")
+        await probe.reference(snapshots[index % 2])
         times.append(trio.current_time() - started)
     return times
+
+
+def memory_mb() -> dict[str, float]:
+    values = {}
+    with open("/proc/self/status") as status:
+        for line in status:
+            key, _, rest = line.partition(":")
+            if key in ("RssAnon", "RssFile"):
+                values[key] = int(rest.split()[0]) / 1024
+    return values
+
+
+def reference_memory(snapshot: str) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    before = memory_mb()
+    model = AutoModelForCausalLM.from_pretrained(snapshot, dtype="auto")
+    with torch.inference_mode():
+        model(input_ids=torch.tensor(probe_prompts(model.config.vocab_size)), use_cache=False)
+    loaded = memory_mb()
+    size = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
+    del model
+    print("| reference model loaded as the probe loads it, after a forward | weights MB "
+          "| anonymous MB added | file-backed MB added |")
+    print("|---|---|---|---|")
+    print(f"| {snapshot.rsplit('/', 1)[-1]} | {size:.0f} "
+          f"| {loaded['RssAnon'] - before['RssAnon']:.0f} "
+          f"| {loaded['RssFile'] - before['RssFile']:.0f} |\n")
+
+
+async def vllm_pin_times(root: Path, args: argparse.Namespace) -> dict[bool, list[float]]:
+    from actorsys.fleet.local import vllm
+
+    make_model(root / "tied", seed=0, hidden=args.hidden, layers=args.layers, tied=True)
+    snapshots = [str(root / "tied_a"), str(root / "tied_b")]
+    for seed, path in enumerate(snapshots, start=1):
+        make_snapshot(root / "tied", path, seed=seed)
+    async with LocalFleet.open([vllm(str(root / "tied"), python=str(VLLM_PYTHON))],
+                               startup_timeout=400) as local:
+        await local.fleet.pin(snapshots[1], "warm")
+        return await pin_times(local.fleet, snapshots, args.repeats)
 
 
 async def submit_to_start(
@@ -119,11 +196,16 @@ async def main(args: argparse.Namespace) -> None:
             await four.pin(snapshots[1], "warm")
             t1 = await pin_times(one, snapshots, args.repeats)
             t4 = await pin_times(four, snapshots, args.repeats)
-            print("| pin (health + load + read back) | median s | min s | max s |")
-            print("|---|---|---|---|")
-            for label, times in (("1 engine", t1), ("4 engines, parallel loads", t4)):
-                print(f"| {label} | {median(times):.3f} | {min(times):.3f} | {max(times):.3f} |")
-            print(f"\nratio 4 engines / 1 engine: {median(t4) / median(t1):.2f}\n")
+            rows = [("1 embedded engine", t1), ("4 embedded engines, parallel loads", t4)]
+            if args.vllm:
+                rows.append(("1 vLLM server, tied embeddings", await vllm_pin_times(root, args)))
+            print_pin_table(rows)
+            alone = await reference_times(snapshots, args.repeats)
+            print(f"\nthe snapshot's reference alone (runs while the engines load): median "
+                  f"{median(alone):.3f} s, min {min(alone):.3f} s")
+            ratio = median(t4[True]) / median(t1[True])
+            print(f"\nratio 4 engines / 1 engine (probe on): {ratio:.2f}\n")
+            reference_memory(snapshots[0])
             print("| submit -> eval start, mean s | submit blocks | export | pin | other | total |")
             print("|---|---|---|---|---|---|")
             for label, fleet in (("1 engine", one), ("4 engines", four)):
@@ -141,4 +223,5 @@ if __name__ == "__main__":
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--vllm", action="store_true", help="also pin one vLLM server")
     trio.run(main, parser.parse_args())

@@ -43,25 +43,41 @@ def make_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def tiny_config(vocab_size: int, eos_id: int, *, hidden: int = 64, layers: int = 2) -> LlamaConfig:
+def tiny_config(
+    vocab_size: int,
+    eos_id: int,
+    *,
+    hidden: int = 64,
+    layers: int = 2,
+    tied: bool = False,
+    kv_heads: int | None = None,
+) -> LlamaConfig:
+    """``tied``: the head is the embedding (``save_pretrained`` writes only ``embed_tokens``).
+    ``kv_heads``: fewer key/value heads than query heads (GQA)."""
     return LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=hidden,
         intermediate_size=hidden * 2,
         num_hidden_layers=layers,
         num_attention_heads=hidden // 32,
-        num_key_value_heads=hidden // 32,
+        num_key_value_heads=kv_heads or hidden // 32,
         head_dim=32,
         max_position_embeddings=512,
         bos_token_id=eos_id,
         eos_token_id=eos_id,
         pad_token_id=eos_id,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tied,
     )
 
 
 def make_model(
-    directory: str | os.PathLike[str], *, seed: int = 0, hidden: int = 64, layers: int = 2
+    directory: str | os.PathLike[str],
+    *,
+    seed: int = 0,
+    hidden: int = 64,
+    layers: int = 2,
+    tied: bool = False,
+    kv_heads: int | None = None,
 ) -> LlamaForCausalLM:
     """Create a tiny Llama with its tokenizer in ``directory`` (created), marked ``.complete``."""
     path = Path(directory)
@@ -69,7 +85,15 @@ def make_model(
     tokenizer = make_tokenizer()
     tokenizer.save_pretrained(path)
     model = random_model(
-        tiny_config(len(tokenizer), tokenizer.eos_token_id, hidden=hidden, layers=layers), seed
+        tiny_config(
+            len(tokenizer),
+            tokenizer.eos_token_id,
+            hidden=hidden,
+            layers=layers,
+            tied=tied,
+            kv_heads=kv_heads,
+        ),
+        seed,
     )
     model.save_pretrained(path)
     (path / ".complete").write_bytes(b"")
@@ -86,15 +110,20 @@ def random_model(config: LlamaConfig, seed: int) -> LlamaForCausalLM:
 
 
 def make_snapshot(
-    base: str | os.PathLike[str], directory: str | os.PathLike[str], *, seed: int
+    base: str | os.PathLike[str],
+    directory: str | os.PathLike[str],
+    *,
+    seed: int,
+    dtype: torch.dtype = torch.float32,
 ) -> LlamaForCausalLM:
-    """A checkpoint of ``base``'s architecture and tokenizer with other random weights."""
+    """A checkpoint of ``base``'s architecture and tokenizer with other random weights,
+    stored in ``dtype``."""
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(base)
     tokenizer.save_pretrained(path)
     config = LlamaConfig.from_pretrained(base)
-    model = random_model(config, seed)
+    model = random_model(config, seed).to(dtype)
     model.save_pretrained(path)
     (path / ".complete").write_bytes(b"")
     return model

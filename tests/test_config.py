@@ -9,6 +9,7 @@ def test_defaults_match_the_contract() -> None:
     assert (config.pin_timeout, config.pin_retries, config.close_timeout) == (600.0, 2, 30.0)
     assert (config.max_restarts, config.restart_period) == (3, 60.0)
     assert config.export_timeout is None and config.eval_timeout is None
+    assert config.probe is True
 
 
 @pytest.mark.parametrize(
@@ -27,6 +28,7 @@ def test_defaults_match_the_contract() -> None:
         ("restart_period", None, "> 0"),
         ("save_hf", "/ckpt/hf", "{step}"),
         ("hf_dir", 42, "path"),
+        ("probe", "yes", "True or False"),
     ],
 )
 def test_bad_value_names_the_field_and_what_it_accepts(field: str, value: object, allowed: str) -> None:

@@ -16,6 +16,7 @@ ALL_FLAGS = [
     "--eval-timeout", "900",
     "--eval-pin-timeout", "120.5",
     "--eval-close-timeout", "10",
+    "--eval-probe", "off",
 ]
 
 
@@ -29,7 +30,7 @@ def test_every_flag_lands_in_its_field() -> None:
     config = EvalConfig.from_args(parse(ALL_FLAGS))
     assert config == EvalConfig(
         hf_dir="/dev/shm/eval", max_in_flight=3, overflow="skip", keep_snapshots=1,
-        eval_timeout=900.0, pin_timeout=120.5, close_timeout=10.0,
+        eval_timeout=900.0, pin_timeout=120.5, close_timeout=10.0, probe=False,
     )
 
 
@@ -65,6 +66,7 @@ def test_overrides_set_fields_that_have_no_flag() -> None:
         (["--eval-overflow-policy", "drop"], "overflow: expected one of backpressure, skip"),
         (["--eval-timeout", "-1"], "eval_timeout: expected a number of seconds > 0"),
         (["--save-hf", "/ckpt/latest"], "save_hf: expected a path pattern"),
+        (["--eval-probe", "maybe"], "'maybe' is not on or off"),
     ],
 )
 def test_a_bad_value_is_an_argparse_error_naming_the_flag(argv: list[str], message: str) -> None:

@@ -27,7 +27,7 @@ class BuggyFleet(Fleet):
         super().__init__([FakeEngine("e")])
         self.failures = failures
 
-    async def pin(self, path: str, version: str, *, retries: int = 0) -> None:
+    async def pin(self, path: str, version: str, *, retries: int = 0, probe: bool = True) -> None:
         if self.failures > 0:
             self.failures -= 1
             raise RuntimeError(f"bug while pinning {version}")

@@ -21,7 +21,7 @@ class CrashingFleet(Fleet):
     def __init__(self) -> None:
         super().__init__([FakeEngine("e")])
 
-    async def pin(self, path: str, version: str, *, retries: int = 0) -> None:
+    async def pin(self, path: str, version: str, *, retries: int = 0, probe: bool = True) -> None:
         raise RuntimeError(f"bug while pinning {version}")
 
 

@@ -66,7 +66,9 @@ class FleetPinner(SequentialStage):
         assert point.snapshot is not None
         with trio.move_on_after(config.pin_timeout) as deadline:
             try:
-                await fleet.pin(point.snapshot, version, retries=config.pin_retries)
+                await fleet.pin(
+                    point.snapshot, version, retries=config.pin_retries, probe=config.probe
+                )
             except PinError as exc:
                 return Skip(exc.reason, str(exc), point)
         if deadline.cancelled_caught:

@@ -4,6 +4,7 @@
   (``python -m actorsys engine``), which speaks the same API subset.
 - :class:`VLLMEngine`: a vLLM OpenAI server with its weight-update endpoints.
 - :class:`~actorsys.fleet.local.LocalFleet`: engines (and sglang-router) started on loopback.
+- :mod:`actorsys.fleet.probe`: the weight probe every pin runs after the version reads back.
 """
 
 from actorsys.fleet.completions import Completion, CompletionError, StaleWeightsError
@@ -15,6 +16,7 @@ from actorsys.fleet.engine import (
     PinError,
     PinViolationError,
 )
+from actorsys.fleet.probe import WeightsMismatchError
 from actorsys.fleet.sglang import SGLangEngine
 from actorsys.fleet.vllm import VLLMEngine
 
@@ -30,4 +32,5 @@ __all__ = [
     "SGLangEngine",
     "StaleWeightsError",
     "VLLMEngine",
+    "WeightsMismatchError",
 ]

@@ -1,14 +1,16 @@
 """The Engine protocol and Fleet: a set of inference engines pinned together to one version.
 
 Pinning is the heart of trusting a score: a fleet is pinned to ``version`` only when every
-engine was healthy, loaded the checkpoint, and *reads back* that version. An engine that says
-"success" while keeping its old weights is caught by the read-back.
+engine was healthy, loaded the checkpoint, *reads back* that version, and (with the probe)
+computes what the checkpoint computes. An engine that says "success" while keeping its old
+weights is caught by the read-back; one that labels the new version while serving other
+weights, by the probe.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 import httpx
 import trio
@@ -16,6 +18,9 @@ import trio
 from actorsys._errors import ActorsysError, ConfigError, ConfigTypeError
 from actorsys.fleet._tls import ssl_context
 from actorsys.fleet.completions import Completion, complete
+
+if TYPE_CHECKING:
+    from actorsys.fleet.probe import Reference
 
 T = TypeVar("T")
 
@@ -112,6 +117,9 @@ class Fleet:
         self.engines = engines
         self.router_url = router_url.rstrip("/") if router_url else None
         self.version: str | None = None
+        from actorsys.fleet.probe import WeightProbe  # it builds on the errors above
+
+        self._probe = WeightProbe()
 
     def __repr__(self) -> str:
         return f"Fleet({[e.name for e in self.engines]}, router_url={self.router_url!r})"
@@ -174,15 +182,49 @@ class Fleet:
             keep_failures=keep_failures,
         )
 
-    async def pin(self, path: str, version: str, *, retries: int = 0) -> None:
+    async def pin(
+        self, path: str, version: str, *, retries: int = 0, probe: bool = True
+    ) -> None:
         """Pin every engine to the checkpoint at ``path``, labelled ``version``.
 
         Health-checks all engines, loads on all concurrently, then reads the version back from
-        every engine; a mismatch is re-loaded up to ``retries`` times. Raises
-        :class:`EngineUnhealthyError` or :class:`PinViolationError`. Blocks on the engines; the
-        caller's cancel scope bounds it (``pin_timeout``).
+        every engine; a mismatch is re-loaded up to ``retries`` times. With ``probe``, every
+        engine then answers the weight probe (:mod:`actorsys.fleet.probe`), whose reference
+        is computed from ``path`` in a worker thread while the engines load. Raises
+        :class:`EngineUnhealthyError`, :class:`PinViolationError` (a version that never reads
+        back) or its subclass :class:`~actorsys.fleet.probe.WeightsMismatchError` (the right
+        version, other weights). Blocks on the engines and the reference; the caller's cancel
+        scope bounds it (``pin_timeout``), and cancelling abandons the reference thread.
         """
         self.version = None
+        probed = self._probe.probed(self.engines) if probe else []
+        reference: list[Reference | None] = []
+        computed = trio.Event()
+        failure: PinError | None = None
+
+        async def compute() -> None:
+            reference.append(await self._probe.reference(path))
+            computed.set()
+
+        async with trio.open_nursery() as nursery:
+            if probed:
+                nursery.start_soon(compute)
+            try:
+                await self._load_and_read_back(path, version, retries)
+                if probed:
+                    await computed.wait()
+                    if reference[0] is not None:
+                        await self._probe.check(probed, reference[0], version)
+            except PinError as exc:
+                failure = exc
+                nursery.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
+        if self.router_url is not None:
+            await self._probe_router()
+        self.version = version
+
+    async def _load_and_read_back(self, path: str, version: str, retries: int) -> None:
         await self._on_all(lambda engine: engine.health(), "failed its health check")
         for attempt in range(retries + 1):
             await self._on_all(
@@ -193,13 +235,10 @@ class Fleet:
             )
             wrong = [(e, v) for e, v in zip(self.engines, served, strict=True) if v != version]
             if not wrong:
-                break
+                return
             if attempt == retries:
                 engine, actual = wrong[0]
                 raise PinViolationError(engine.name, version, actual)
-        if self.router_url is not None:
-            await self._probe_router()
-        self.version = version
 
     async def _on_all(self, call: Callable[[Engine], Awaitable[T]], failure: str) -> list[T]:
         results: dict[int, T] = {}

@@ -31,7 +31,8 @@ from actorsys.fleet._process import ManagedProcess, spawn
 from actorsys.fleet._tls import ssl_context
 from actorsys.fleet.engine import Engine, Fleet
 from actorsys.fleet.sglang import SGLangEngine
-from actorsys.fleet.vllm import VLLMEngine
+from actorsys.fleet.vllm import RELOAD, TIED_RELOAD, VLLMEngine
+from actorsys.fleet.vllm_worker import EXTENSION_CLASS, WORKER_DIR
 
 HEALTH_POLL_INTERVAL = 0.25
 VLLM_PYTHON = ".venv-vllm/bin/python"
@@ -71,20 +72,39 @@ def vllm(
     max_model_len: int = 512,
     kv_cache_bytes: int = 64 * 1024 * 1024,
     extra_args: Sequence[str] = (),
+    tied_reload: bool = True,
 ) -> EngineSpec:
     """A vLLM OpenAI server on the CPU serving ``model_dir``, from the venv of ``python``
-    (``scripts/setup_vllm.sh`` makes ``.venv-vllm``), with the weight-update endpoints on."""
+    (``scripts/setup_vllm.sh`` makes ``.venv-vllm``), with the weight-update endpoints on.
+
+    The server gets actorsys' worker extension (``actorsys/fleet/vllm_worker``, put on its
+    ``PYTHONPATH``) and its client reloads through it: vLLM 0.32's own ``reload_weights``
+    leaves the CPU kernel of a tied ``lm_head`` built from the previous weights, so a model
+    with tied embeddings would answer with the new body and the old head. The extension's
+    ``reload_weights_tied`` reloads, then rebuilds that kernel (about 35 ms for a tiny model;
+    a no-op for untied models). The checkpoint files need no change. ``tied_reload=False``
+    starts the server as a user would, with vLLM's own reload (the weight probe then catches
+    a tied model served wrong).
+    """
     model_dir = os.path.abspath(model_dir)
+    python_path = os.pathsep.join(p for p in (WORKER_DIR, os.environ.get("PYTHONPATH")) if p)
+    extension = ["--worker-extension-cls", EXTENSION_CLASS] if tied_reload else []
     return EngineSpec(
         kind="vllm",
         command=lambda port: [
             os.path.abspath(python), "-m", "vllm.entrypoints.openai.api_server",
             "--model", model_dir, "--host", "127.0.0.1", "--port", str(port),
             "--dtype", "float32", "--max-model-len", str(max_model_len), "--enforce-eager",
-            "--kv-cache-memory-bytes", str(kv_cache_bytes), *extra_args,
+            "--kv-cache-memory-bytes", str(kv_cache_bytes),
+            *extension, *extra_args,
         ],
-        client=lambda url, name: VLLMEngine(url, name=name, served_model_dir=model_dir),
-        env={"VLLM_SERVER_DEV_MODE": "1"},
+        client=lambda url, name: VLLMEngine(
+            url,
+            name=name,
+            served_model_dir=model_dir,
+            reload_method=TIED_RELOAD if tied_reload else RELOAD,
+        ),
+        env={"VLLM_SERVER_DEV_MODE": "1", **({"PYTHONPATH": python_path} if tied_reload else {})},
     )
 
 

@@ -10,10 +10,26 @@ default aborts every request) is never called.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import httpx
 
 from actorsys.fleet._http import HttpEngine, json_object
 from actorsys.fleet.engine import CheckpointRejectedError, EngineUnhealthyError
+from actorsys.fleet.probe import ProbeUnsupportedError
+
+GREEDY = {
+    "temperature": 0.0,
+    "top_p": 1.0,
+    "top_k": -1,
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "ignore_eos": True,
+}
+"""Sampling parameters of the weight probe: greedy, every penalty off (a model's generation
+config may set some by default), end-of-sequence ignored."""
 
 VERSION_ENDPOINTS = ("/model_info", "/get_model_info", "/get_weight_version")
 
@@ -113,3 +129,26 @@ class SGLangEngine(HttpEngine):
             f"reports no weight version on any of {', '.join(VERSION_ENDPOINTS)}; "
             "serve with an sglang version that has /model_info or /get_weight_version",
         )
+
+    async def greedy_tokens(
+        self, prompts: Sequence[Sequence[int]], max_tokens: int
+    ) -> list[list[int]]:
+        """The weight probe: ``POST /generate`` with the prompts as ``input_ids`` and greedy
+        sampling; returns each answer's ``output_ids``. Raises
+        :class:`~actorsys.fleet.probe.ProbeUnsupportedError` if the server has no
+        ``/generate`` or does not return token ids, :class:`EngineUnhealthyError` for
+        another error status."""
+        body = {
+            "input_ids": [list(p) for p in prompts],
+            "sampling_params": {**GREEDY, "max_new_tokens": max_tokens},
+        }
+        response = await self._until_answered("POST", "/generate", json=body)
+        if response.status_code == 404:
+            raise ProbeUnsupportedError("it has no POST /generate")
+        if response.status_code != 200:
+            raise self._unexpected("POST", "/generate", response)
+        try:
+            answers = response.json()
+            return [[int(t) for t in answer["output_ids"]] for answer in answers]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ProbeUnsupportedError(f"/generate answered no output_ids: {exc!r}") from exc

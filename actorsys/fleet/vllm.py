@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import httpx
@@ -32,6 +32,8 @@ from actorsys.fleet.checkpoint import (
     read_tensor_infos,
 )
 from actorsys.fleet.engine import CheckpointRejectedError, EngineUnhealthyError
+from actorsys.fleet.probe import ProbeUnsupportedError
+from actorsys.fleet.sglang import GREEDY
 from actorsys.runtime import ThreadTracker, run_blocking
 
 T = TypeVar("T")
@@ -136,6 +138,36 @@ class VLLMEngine(HttpEngine):
             raise self._unexpected("GET", "/weight_info", response)
         version = json_object(response).get("weight_version")
         return None if version is None else str(version)
+
+    async def greedy_tokens(
+        self, prompts: Sequence[Sequence[int]], max_tokens: int
+    ) -> list[list[int]]:
+        """The weight probe: one ``POST /v1/completions`` with the prompts as token ids,
+        greedy, ``return_token_ids``; returns each choice's ``token_ids``. Raises
+        :class:`~actorsys.fleet.probe.ProbeUnsupportedError` if the server returns no token
+        ids, :class:`EngineUnhealthyError` for an error status."""
+        body = {
+            "prompt": [list(p) for p in prompts],
+            "max_tokens": max_tokens,
+            "return_token_ids": True,
+            **{k: v for k, v in GREEDY.items() if k != "top_k"},
+            "top_k": 0,
+        }
+        response = await self._until_answered("POST", "/v1/completions", json=body)
+        if response.status_code == 404:
+            raise ProbeUnsupportedError("it has no POST /v1/completions")
+        if response.status_code != 200:
+            raise self._unexpected("POST", "/v1/completions", response)
+        try:
+            choices = sorted(response.json()["choices"], key=lambda choice: choice["index"])
+            answers = [[int(t) for t in choice["token_ids"]] for choice in choices]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ProbeUnsupportedError(f"completions carry no token_ids: {exc!r}") from exc
+        if len(answers) != len(prompts):
+            raise EngineUnhealthyError(
+                self.name, f"answered {len(answers)} of {len(prompts)} probe prompts"
+            )
+        return answers
 
     async def _post(
         self,

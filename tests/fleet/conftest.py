@@ -32,6 +32,17 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
     return TinyModels(root / "base", root / "step1", root / "step2", root / "other")
 
 
+@pytest.fixture(scope="session")
+def tied(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
+    """Like ``tiny``, with tied embeddings (the checkpoints hold no ``lm_head.weight``)."""
+    root = tmp_path_factory.mktemp("tied")
+    make_model(root / "base", seed=10, tied=True)
+    make_snapshot(root / "base", root / "step1", seed=11)
+    make_snapshot(root / "base", root / "step2", seed=12)
+    make_model(root / "other", seed=13, hidden=96, layers=1, tied=True)
+    return TinyModels(root / "base", root / "step1", root / "step2", root / "other")
+
+
 def corrupt_copy(source: Path, target: Path) -> Path:
     """A copy of ``source`` whose safetensors header is garbage (the data is intact)."""
     shutil.copytree(source, target)

@@ -108,3 +108,17 @@ async def test_corrupt_snapshot_is_skipped_and_the_engines_keep_serving_the_prev
             )
             assert [a.text for a in answers] == first.data["expected"]
             assert_pinned(await evaluate(sup, sink, tiny, 3), engines=2)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+async def test_engine_that_labels_the_new_version_over_its_old_weights_is_caught_by_the_probe(
+    tiny: TinyModels, tmp_path: Path
+) -> None:
+    specs = fleet_specs(tiny, 1, ("--test-keep-old-weights", "--test-label-kept-weights"))
+    async with LocalFleet.open(specs) as local:
+        async with pipeline(tiny, tmp_path, local.fleet) as (sup, sink):
+            violated = await evaluate(sup, sink, tiny, 1)
+        assert (violated.status, violated.reason) == ("skipped", "pin_violation")
+        assert "reads back version '1' but does not serve its weights" in violated.data["error"]
+        assert [await e.weight_version() for e in local.fleet.engines] == ["1"]

@@ -50,6 +50,11 @@ def add_engine_command(subparsers: argparse._SubParsersAction[argparse.ArgumentP
         action="store_true",
         help=argparse.SUPPRESS,
     )
+    parser.add_argument(
+        "--test-label-kept-weights",
+        action="store_true",
+        help=argparse.SUPPRESS,
+    )
     parser.set_defaults(run=run_engine)
 
 
@@ -71,6 +76,7 @@ def run_engine(args: argparse.Namespace) -> int:
             require_complete=args.require_complete,
             served_model_name=args.served_model_name,
             keep_old_weights=args.test_keep_old_weights,
+            label_kept_weights=args.test_label_kept_weights,
         ),
         backend="asyncio",
     )
@@ -86,6 +92,7 @@ async def serve_engine(
     require_complete: bool = False,
     served_model_name: str | None = None,
     keep_old_weights: bool = False,
+    label_kept_weights: bool = False,
 ) -> None:
     """Load the model, then serve it on asyncio until SIGTERM or SIGINT (after which requests
     in flight get a second to finish).
@@ -99,7 +106,9 @@ async def serve_engine(
     sock.listen(128)
     url = f"http://{host}:{sock.getsockname()[1]}"
     model_host = await anyio.to_thread.run_sync(
-        lambda: ModelHost(model_dir, keep_old_weights=keep_old_weights)
+        lambda: ModelHost(
+            model_dir, keep_old_weights=keep_old_weights, label_kept_weights=label_kept_weights
+        )
     )
     engine = EmbeddedEngine(
         model_host,

@@ -63,10 +63,14 @@ class ModelHost:
     """A transformers causal LM in float32 on the CPU, its tokenizer and its version label.
 
     ``keep_old_weights`` is for tests only: ``load`` then checks and reports success but keeps
-    the weights and the version it had, like an engine that silently ignores updates.
+    the weights and the version it had, like an engine that silently ignores updates; with
+    ``label_kept_weights`` as well, it takes the new version label but keeps the weights,
+    like vLLM reloading a model with tied embeddings (only the weight probe can tell).
     """
 
-    def __init__(self, model_dir: str, *, keep_old_weights: bool = False) -> None:
+    def __init__(
+        self, model_dir: str, *, keep_old_weights: bool = False, label_kept_weights: bool = False
+    ) -> None:
         self.model_dir = os.path.abspath(model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
@@ -74,6 +78,7 @@ class ModelHost:
         self.config = read_config(self.model_dir)
         self.tensors = read_tensor_infos(self.model_dir)
         self.keep_old_weights = keep_old_weights
+        self.label_kept_weights = label_kept_weights
         self.version = INITIAL_VERSION
         self.model_path = self.model_dir
         self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 2048))
@@ -106,6 +111,8 @@ class ModelHost:
         except (SafetensorError, OSError, ValueError) as exc:
             raise CheckpointMismatchError(path, f"weights unreadable: {exc}") from exc
         if self.keep_old_weights:
+            if self.label_kept_weights and version is not None:
+                self.version = version
             return
         with torch.no_grad():
             self.model.load_state_dict(state, strict=False)

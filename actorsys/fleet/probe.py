@@ -1,0 +1,275 @@
+"""The weight probe: after a pin, every engine must compute what the snapshot computes.
+
+A version read back is a label, not proof: vLLM's in-place reload of a model with tied
+embeddings labels the new version while it serves the new body with the old head (see
+``actorsys/fleet/vllm_worker``). So, once every engine reads back the version, each answers a
+short fixed probe (``PROBE_PROMPTS`` prompts of ``PROMPT_TOKENS`` token ids, ``PROBE_TOKENS``
+greedy tokens, penalties off) and its tokens are compared with the snapshot's own greedy
+continuation, computed here with transformers.
+
+Kernel numerics differ between engines and dtypes, so a token counts as wrong only where the
+snapshot clearly prefers its own choice: the engine's token must be within ``margin`` of the
+snapshot's best at that position, ``margin = REL_MARGIN * std(logits) + ABS_MARGIN`` of the
+snapshot's logits there. Where an engine takes another token within the margin (a near-tie)
+the two continuations part ways and the rest of that prompt is not compared. Weights that
+are not the snapshot's pick tokens the snapshot puts several standard deviations below its
+best, at almost every position.
+
+The reference costs no second copy of the weights: transformers maps the snapshot's
+safetensors files and computes on the mapped pages (measured: anonymous memory unchanged
+loading a 237 MB fp32 checkpoint; the pages are the page cache's). It runs in a worker thread,
+one per fleet at a time, started with the engines' loads so that it overlaps them.
+
+An engine that cannot answer a probe (no ``greedy_tokens``, as an in-process ``Engine`` that
+implements just the protocol; or a server without the endpoint), or a snapshot without a
+``config.json``, is checked by its version only, and the fleet logs why once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import trio
+
+from actorsys.fleet.engine import Engine, EngineUnhealthyError, PinError, PinViolationError
+
+log = logging.getLogger("actorsys.fleet")
+
+PROBE_PROMPTS = 4
+PROMPT_TOKENS = 8
+PROBE_TOKENS = 6
+REL_MARGIN = 0.5
+ABS_MARGIN = 1e-3
+PROBE_SEED = 20261201
+
+
+class ProbeUnsupportedError(Exception):
+    """The engine has no way to answer a token probe (the pin then checks the version only)."""
+
+
+class ReferenceUnavailableError(Exception):
+    """The snapshot cannot give the probe's answer (the pin then checks the version only)."""
+
+
+@runtime_checkable
+class ProbedEngine(Protocol):
+    """An engine that can answer the weight probe."""
+
+    name: str
+
+    async def greedy_tokens(
+        self, prompts: Sequence[Sequence[int]], max_tokens: int
+    ) -> list[list[int]]:
+        """The ``max_tokens`` greedy token ids that follow each prompt (given as token ids),
+        at temperature 0, with every penalty off and end-of-sequence ignored. Raises
+        :class:`ProbeUnsupportedError` if the server has no endpoint for it."""
+        ...
+
+
+class WeightsMismatchError(PinViolationError):
+    """An engine reads back the right version but computes something the snapshot does not.
+
+    ``answer`` is the engine's greedy tokens for each probe prompt, ``reference`` the
+    snapshot's; ``prompt`` and ``position`` locate the first clear disagreement, ``gap`` is
+    how far (in log-probability) the snapshot puts the engine's token below its own choice
+    there, and ``margin`` what a near-tie may be.
+    """
+
+    def __init__(
+        self,
+        engine: str,
+        version: str,
+        *,
+        answer: list[list[int]],
+        reference: list[list[int]],
+        prompt: int,
+        position: int,
+        gap: float,
+        margin: float,
+    ) -> None:
+        PinError.__init__(
+            self,
+            engine,
+            f"reads back version {version!r} but does not serve its weights: probe prompt "
+            f"{prompt}, token {position}: the engine answered {answer[prompt]}, the snapshot "
+            f"answers {reference[prompt]} (the engine's token is {gap:.3g} below the "
+            f"snapshot's choice in log-probability; a near-tie is within {margin:.3g})",
+        )
+        self.expected = version
+        self.actual = version
+        self.answer = answer
+        self.reference = reference
+        self.prompt = prompt
+        self.position = position
+        self.gap = gap
+        self.margin = margin
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The snapshot's greedy answer to the probe and, per prompt and position, its
+    log-probabilities (``logprobs[p][i]``, one per token id) and near-tie margin."""
+
+    prompts: list[list[int]]
+    tokens: list[list[int]]
+    logprobs: Any
+    margins: list[list[float]]
+
+
+def probe_prompts(vocab_size: int) -> list[list[int]]:
+    """The fixed probe prompts for a vocabulary: token ids drawn with a fixed seed from the
+    lower part of the vocabulary, where every tokenizer has ordinary tokens (special tokens
+    sit at its ends)."""
+    high = min(vocab_size, 32000)
+    low = high // 10
+    rng = random.Random(PROBE_SEED)
+    return [[rng.randrange(low, high) for _ in range(PROMPT_TOKENS)] for _ in range(PROBE_PROMPTS)]
+
+
+def compute_reference(path: str) -> Reference:
+    """What the snapshot at ``path`` answers to the probe. Raises
+    :class:`ReferenceUnavailableError` where there is no ``config.json`` or transformers
+    cannot build the model. Blocking: maps the weights and runs ``PROBE_TOKENS`` forward
+    passes of a ``PROBE_PROMPTS`` batch in the snapshot's own dtype."""
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise ReferenceUnavailableError(f"the snapshot {path} has no config.json")
+    import torch
+    import transformers
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype="auto")
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        raise ReferenceUnavailableError(f"transformers cannot build the snapshot {path}: {exc}") from exc
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    model.eval()
+    prompts = probe_prompts(int(model.config.vocab_size))
+    ids = torch.tensor(prompts, dtype=torch.long)
+    steps = []
+    with torch.inference_mode():
+        for _ in range(PROBE_TOKENS):
+            logits = model(input_ids=ids, use_cache=False, logits_to_keep=1).logits[:, -1, :]
+            steps.append(logits.float())
+            ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], dim=1)
+    logits = torch.stack(steps, dim=1)
+    margins = REL_MARGIN * logits.std(dim=-1) + ABS_MARGIN
+    return Reference(
+        prompts=prompts,
+        tokens=ids[:, PROMPT_TOKENS:].tolist(),
+        logprobs=torch.log_softmax(logits, dim=-1),
+        margins=margins.tolist(),
+    )
+
+
+def first_disagreement(
+    reference: Reference, answer: list[list[int]]
+) -> tuple[int, int, float, float] | None:
+    """The first (prompt, position, gap, margin) where ``answer`` takes a token the snapshot
+    puts more than the margin below its own choice; None if there is none."""
+    for p, (ours, theirs) in enumerate(zip(reference.tokens, answer, strict=True)):
+        for i, (mine, token) in enumerate(zip(ours, theirs, strict=False)):
+            if mine == token:
+                continue
+            row = reference.logprobs[p, i]
+            if not 0 <= token < row.shape[0]:
+                return p, i, float("inf"), reference.margins[p][i]
+            gap = float(row[mine] - row[token])
+            if gap > reference.margins[p][i]:
+                return p, i, gap, reference.margins[p][i]
+            break
+    return None
+
+
+class WeightProbe:
+    """The probe state of one fleet: the limiter of its reference thread and the reasons
+    already logged for checking only the version."""
+
+    def __init__(self) -> None:
+        self.limiter = trio.CapacityLimiter(1)
+        self._logged: set[str] = set()
+
+    def note_once(self, reason: str) -> None:
+        if reason not in self._logged:
+            self._logged.add(reason)
+            log.warning("weight probe off: %s; pins check the version only", reason)
+
+    def probed(self, engines: Sequence[Engine]) -> list[ProbedEngine]:
+        """The engines that can be probed; logs once for each that cannot."""
+        probed: list[ProbedEngine] = []
+        for engine in engines:
+            if isinstance(engine, ProbedEngine):
+                probed.append(engine)
+            else:
+                self.note_once(f"engine {engine.name!r} has no completion endpoint")
+        return probed
+
+    async def reference(self, path: str) -> Reference | None:
+        """The snapshot's answer, computed in a worker thread (abandoned on cancel: it only
+        reads). None, logged once, where the snapshot cannot give one or computing it
+        failed (a fault of the probe never fails a pin by itself)."""
+        try:
+            return await trio.to_thread.run_sync(
+                compute_reference, path, abandon_on_cancel=True, limiter=self.limiter
+            )
+        except ReferenceUnavailableError as exc:
+            self.note_once(str(exc))
+        except Exception as exc:
+            log.exception("weight probe: computing the reference of %s failed", path)
+            self.note_once(f"computing the snapshot's answer failed: {exc!r}")
+        return None
+
+    async def check(
+        self, engines: Sequence[ProbedEngine], reference: Reference, version: str
+    ) -> None:
+        """Ask every engine the probe concurrently; raise :class:`WeightsMismatchError` for
+        the first that disagrees, :class:`EngineUnhealthyError` for one that cannot answer."""
+        answers: dict[str, list[list[int]]] = {}
+        failures: list[PinError] = []
+
+        async def ask(engine: ProbedEngine) -> None:
+            try:
+                answers[engine.name] = await engine.greedy_tokens(reference.prompts, PROBE_TOKENS)
+            except ProbeUnsupportedError as exc:
+                self.note_once(f"engine {engine.name!r} cannot answer a token probe ({exc})")
+            except PinError as exc:
+                failures.append(exc)
+            except Exception as exc:
+                failures.append(
+                    EngineUnhealthyError(engine.name, f"could not answer the probe: {exc!r}")
+                )
+
+        async with trio.open_nursery() as nursery:
+            for engine in engines:
+                nursery.start_soon(ask, engine)
+        if failures:
+            raise failures[0]
+        for engine in engines:
+            answer = answers.get(engine.name)
+            if answer is None:
+                continue
+            if len(answer) != len(reference.prompts):
+                raise EngineUnhealthyError(
+                    engine.name, f"answered {len(answer)} of {len(reference.prompts)} probes"
+                )
+            found = first_disagreement(reference, answer)
+            if found is not None:
+                prompt, position, gap, margin = found
+                raise WeightsMismatchError(
+                    engine.name,
+                    version,
+                    answer=answer,
+                    reference=reference.tokens,
+                    prompt=prompt,
+                    position=position,
+                    gap=gap,
+                    margin=margin,
+                )

@@ -1,0 +1,258 @@
+"""The weight probe: a pin is trusted only when every engine computes what the snapshot
+computes. Real tiny models behind the embedded engine's real ASGI app (in process), and
+engines that lie in the two ways that matter: the right version over other weights, and no
+way to probe at all."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+import trio
+import trio.testing
+
+from actorsys import EvalConfig, EvalSupervisor, Fleet, MemorySink, SGLangEngine
+from actorsys.fleet import probe as probe_module
+from actorsys.fleet.embedded.model import ModelHost
+from actorsys.fleet.embedded.server import EmbeddedEngine
+from actorsys.fleet.probe import (
+    PROBE_TOKENS,
+    Reference,
+    WeightsMismatchError,
+    compute_reference,
+    first_disagreement,
+    probe_prompts,
+)
+from tests.fakes import FakeEngine, RecordingEval
+from tests.fleet.conftest import Recorder, TinyModels
+from tests.models import make_model, make_snapshot
+
+URL = "http://engine"
+
+
+async def embedded_engine(
+    model_dir: Path, nursery: trio.Nursery, name: str = "cpu", **options: bool
+) -> SGLangEngine:
+    """The embedded engine serving ``model_dir`` in process, and its sglang client."""
+    host = await trio.to_thread.run_sync(lambda: ModelHost(str(model_dir), **options))
+    engine = EmbeddedEngine(host, max_batch=8)
+    nursery.start_soon(engine.run)
+    return SGLangEngine(URL, name=name, transport=httpx.ASGITransport(app=engine.app()))
+
+
+class OtherWeightsEngine:
+    """Reports whatever version it is told to load, and answers the probe with the weights of
+    another checkpoint."""
+
+    def __init__(self, name: str, serves: Path) -> None:
+        self.name = name
+        self.serves = serves
+        self.version: str | None = None
+
+    async def health(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def load_weights(self, path: str, version: str) -> None:
+        await trio.lowlevel.checkpoint()
+        self.version = version
+
+    async def weight_version(self) -> str | None:
+        await trio.lowlevel.checkpoint()
+        return self.version
+
+    async def greedy_tokens(
+        self, prompts: Sequence[Sequence[int]], max_tokens: int
+    ) -> list[list[int]]:
+        reference = await trio.to_thread.run_sync(compute_reference, str(self.serves))
+        assert [list(p) for p in prompts] == reference.prompts and max_tokens == PROBE_TOKENS
+        return reference.tokens
+
+
+async def test_engine_serving_the_snapshot_passes_the_probe_both_ways(
+    tiny: TinyModels, nursery: trio.Nursery, caplog: pytest.LogCaptureFixture
+) -> None:
+    fleet = Fleet([await embedded_engine(tiny.base, nursery)])
+    with caplog.at_level(logging.WARNING, logger="actorsys.fleet"):
+        for step, snapshot in ((1, tiny.step1), (2, tiny.step2), (3, tiny.step1)):
+            await fleet.pin(str(snapshot), str(step))
+            assert fleet.version == str(step)
+    assert not [r for r in caplog.records if "weight probe" in r.getMessage()]
+
+
+async def test_engine_labelling_the_new_version_over_its_old_weights_is_a_pin_violation(
+    tiny: TinyModels, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    liar = await embedded_engine(
+        tiny.base, nursery, name="liar", keep_old_weights=True, label_kept_weights=True
+    )
+    fleet = Fleet([liar])
+    with pytest.raises(WeightsMismatchError) as caught:
+        await fleet.pin(str(tiny.step1), "1")
+    error = caught.value
+    assert (error.reason, error.engine, error.expected, error.actual) == (
+        "pin_violation", "liar", "1", "1"
+    )
+    assert await liar.weight_version() == "1"
+    base = await trio.to_thread.run_sync(compute_reference, str(tiny.base))
+    step1 = await trio.to_thread.run_sync(compute_reference, str(tiny.step1))
+    assert error.answer == base.tokens and error.reference == step1.tokens
+    assert error.gap > error.margin
+    assert str(error.answer[error.prompt]) in str(error) and str(error.reference[error.prompt]) in str(error)
+    assert fleet.version is None
+
+
+async def test_supervisor_skips_a_point_whose_engine_serves_other_weights_as_pin_violation(
+    tiny: TinyModels, tmp_path: Path
+) -> None:
+    sink = MemorySink()
+    honest, liar = FakeEngine("honest"), OtherWeightsEngine("liar", serves=tiny.step2)
+    config = EvalConfig(hf_dir=tmp_path / "staging", pin_timeout=60.0, close_timeout=10.0)
+    async with EvalSupervisor.open(
+        config, eval_fn=RecordingEval(), fleet=Fleet([honest, liar]), sink=sink
+    ) as sup:
+        await sup.submit(1, checkpoint_dir=tiny.step1)
+        await sup.submit(2, checkpoint_dir=tiny.step2)
+        await sup.drain(timeout=60)
+    wrong, right = sink.by_step()[1], sink.by_step()[2]
+    assert (wrong.status, wrong.reason) == ("skipped", "pin_violation")
+    assert "'liar'" in wrong.data["error"] and "does not serve its weights" in wrong.data["error"]
+    assert right.ok
+
+
+async def test_probe_off_trusts_the_version(tiny: TinyModels) -> None:
+    fleet = Fleet([OtherWeightsEngine("liar", serves=tiny.step2)])
+    await fleet.pin(str(tiny.step1), "1", probe=False)
+    assert fleet.version == "1"
+
+
+async def test_engine_without_a_completion_endpoint_is_checked_by_version_and_logged_once(
+    tiny: TinyModels, caplog: pytest.LogCaptureFixture
+) -> None:
+    fleet = Fleet([FakeEngine("fake")])
+    with caplog.at_level(logging.WARNING, logger="actorsys.fleet"):
+        for step in (1, 2, 3):
+            await fleet.pin(str(tiny.step1), str(step))
+    assert fleet.version == "3"
+    notes = [r.getMessage() for r in caplog.records if "weight probe off" in r.getMessage()]
+    assert notes == ["weight probe off: engine 'fake' has no completion endpoint; pins check "
+                     "the version only"]
+
+
+async def test_snapshot_without_a_config_is_checked_by_version_and_logged_once(
+    tiny: TinyModels, nursery: trio.Nursery, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    fleet = Fleet([OtherWeightsEngine("liar", serves=tiny.step2)])
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "model.safetensors").write_bytes((tiny.step1 / "model.safetensors").read_bytes())
+    with caplog.at_level(logging.WARNING, logger="actorsys.fleet"):
+        await fleet.pin(str(bare), "1")
+        await fleet.pin(str(bare), "2")
+    assert fleet.version == "2"
+    notes = [r.getMessage() for r in caplog.records if "weight probe off" in r.getMessage()]
+    assert len(notes) == 1 and "has no config.json" in notes[0]
+
+
+async def test_server_without_generate_is_checked_by_version_and_logged_once(
+    tiny: TinyModels, caplog: pytest.LogCaptureFixture
+) -> None:
+    version = {"value": "default"}
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/update_weights_from_disk":
+            version["value"] = "1"
+            return httpx.Response(200, json={"success": True})
+        if request.url.path == "/model_info":
+            return httpx.Response(200, json={"weight_version": version["value"]})
+        if request.url.path == "/health":
+            return httpx.Response(200, json={})
+        return httpx.Response(404)
+
+    recorder = Recorder(handle)
+    fleet = Fleet([SGLangEngine(URL, name="old", transport=recorder.transport)])
+    with caplog.at_level(logging.WARNING, logger="actorsys.fleet"):
+        await fleet.pin(str(tiny.step1), "1")
+    assert "POST /generate" in recorder.paths()
+    notes = [r.getMessage() for r in caplog.records if "weight probe off" in r.getMessage()]
+    assert len(notes) == 1 and "'old' cannot answer a token probe" in notes[0]
+
+
+def synthetic_reference(rows: list[list[float]]) -> Reference:
+    """One prompt whose snapshot logits at position ``i`` are ``rows[i]`` (margin 0.5)."""
+    logits = torch.tensor([rows])
+    return Reference(
+        prompts=[[0]],
+        tokens=[[int(row.argmax()) for row in logits[0]]],
+        logprobs=torch.log_softmax(logits, dim=-1),
+        margins=[[0.5] * len(rows)],
+    )
+
+
+def test_a_near_tie_taken_the_other_way_ends_the_comparison_of_that_prompt() -> None:
+    reference = synthetic_reference([[5.0, 0.0, 0.0], [4.2, 4.0, 0.0], [9.0, 0.0, 0.0]])
+    assert reference.tokens == [[0, 0, 0]]
+    assert first_disagreement(reference, [[0, 0, 0]]) is None
+    assert first_disagreement(reference, [[0, 1, 2]]) is None
+    found = first_disagreement(reference, [[0, 2, 0]])
+    assert found is not None and found[:2] == (0, 1) and found[2] == pytest.approx(4.2)
+    assert first_disagreement(reference, [[1, 0, 0]]) is not None
+
+
+def test_probe_prompts_are_fixed_and_lie_inside_the_vocabulary() -> None:
+    for vocab in (160, 32000, 151936):
+        prompts = probe_prompts(vocab)
+        assert prompts == probe_prompts(vocab)
+        high = min(vocab, 32000)
+        assert all(high // 10 <= t < high for p in prompts for t in p)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_no_false_alarm_over_twenty_pins_of_random_tiny_models(
+    tmp_path: Path, nursery: trio.Nursery, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Untied and tied-GQA engines (served in float32), pinned to snapshots stored in float32
+    and in bfloat16: the probe must pass every one (the bf16 references compute in bf16)."""
+    fleets = []
+    for name, options in (("untied", {}), ("tied-gqa", {"tied": True, "hidden": 128, "kv_heads": 2})):
+        make_model(tmp_path / name, seed=7, **options)  # type: ignore[arg-type]
+        fleets.append((name, Fleet([await embedded_engine(tmp_path / name, nursery, name)])))
+    pins = 0
+    for seed in range(10):
+        dtype = torch.bfloat16 if seed % 2 else torch.float32
+        for name, fleet in fleets:
+            snapshot = tmp_path / f"{name}-{seed}"
+            await trio.to_thread.run_sync(
+                lambda base=tmp_path / name, path=snapshot, s=seed, d=dtype: make_snapshot(
+                    base, path, seed=1000 + s, dtype=d
+                )
+            )
+            with caplog.at_level(logging.WARNING, logger="actorsys.fleet"):
+                await fleet.pin(str(snapshot), str(seed))
+            pins += 1
+    assert pins == 20
+    assert not [r for r in caplog.records if "weight probe" in r.getMessage()]
+
+
+async def test_pin_deadline_abandons_a_reference_still_computing(
+    tiny: TinyModels, monkeypatch: pytest.MonkeyPatch, autojump_clock: trio.testing.MockClock
+) -> None:
+    release = threading.Event()
+
+    def stuck(path: str) -> Reference:
+        release.wait()
+        raise AssertionError("abandoned: nobody reads this")
+
+    monkeypatch.setattr(probe_module, "compute_reference", stuck)
+    fleet = Fleet([OtherWeightsEngine("engine", serves=tiny.step1)])
+    try:
+        with trio.move_on_after(30) as deadline:
+            await fleet.pin(str(tiny.step1), "1")
+        assert deadline.cancelled_caught and fleet.version is None
+    finally:
+        release.set()
