@@ -4,6 +4,8 @@
   (``python -m actorsys engine``), which speaks the same API subset.
 - :class:`VLLMEngine`: a vLLM OpenAI server with its weight-update endpoints.
 - :class:`~actorsys.fleet.local.LocalFleet`: engines (and sglang-router) started on loopback.
+- :class:`~actorsys.fleet.ray.RayFleet`: engines as Ray actors (the ``ray`` extra; imported
+  only from ``actorsys.fleet.ray``, so this package never needs Ray).
 """
 
 from actorsys.fleet.completions import Completion, CompletionError, StaleWeightsError
