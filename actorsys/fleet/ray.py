@@ -42,7 +42,7 @@ import trio
 from actorsys._concurrent import wait_future
 from actorsys.fleet._process import ManagedProcess, spawn
 from actorsys.fleet.engine import Engine, EngineUnhealthyError, Fleet
-from actorsys.fleet.local import EngineSpec, embedded, free_port, vllm
+from actorsys.fleet.local import VLLM_PYTHON, EngineSpec, embedded, free_port, vllm
 
 log = logging.getLogger("actorsys.fleet")
 
@@ -86,7 +86,8 @@ def engine_spec(engine: str, model_dir: str, engine_args: Sequence[str]) -> Engi
     if engine == "embedded":
         return embedded(model_dir, extra_args=engine_args)
     if engine == "vllm":
-        return vllm(model_dir, extra_args=engine_args)
+        # Resolved here: the actor runs in a working directory of Ray's.
+        return vllm(model_dir, python=os.path.abspath(VLLM_PYTHON), extra_args=engine_args)
     raise ValueError(f"RayFleet.open(engine): expected one of {ENGINES}, got {engine!r}")
 
 

@@ -5,6 +5,7 @@ task cut off at close. Wall-clock bound: each test has a timeout."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -81,7 +82,7 @@ async def test_killed_engine_actor_skips_the_point_and_pins_again_once_ray_resta
     tiny: TinyModels, tmp_path: Path
 ) -> None:
     async with RayFleet.open(
-        tiny.base, num_engines=1, resources=ENGINE, max_restarts=1
+        tiny.base, num_engines=1, resources=ENGINE, max_restarts=2
     ) as ray_fleet:
         actor = ray_fleet.actors[0]
         async with pipeline(tiny, tmp_path, ray_fleet.fleet) as (sup, sink):
@@ -100,6 +101,14 @@ async def test_killed_engine_actor_skips_the_point_and_pins_again_once_ray_resta
             # The restarted server serves the base weights; the pin must load the snapshot.
             assert await ray_fleet.engines[0].weight_version() != "3"
             assert_pinned(await evaluate(sup, sink, tiny, 3), engines=1)
+            # A server that dies takes its actor with it, and Ray restarts both.
+            _, server_pid = await await_ref(actor.pids.remote())
+            os.kill(server_pid, signal.SIGKILL)
+            with trio.fail_after(30):
+                await gone(restarted_pid)
+            with trio.fail_after(120):
+                await answering(actor)
+            assert_pinned(await evaluate(sup, sink, tiny, 4), engines=1)
 
 
 @ray.remote(num_cpus=0.1)
