@@ -308,7 +308,9 @@ class LocalFleet:
 
     async def aclose(self) -> None:
         """Stop the router and every engine (SIGTERM, SIGKILL after ``grace``), in parallel.
-        Shielded: returns within about ``grace`` seconds even when cancelled."""
+        Shielded: returns within about ``grace`` seconds even when cancelled. Nothing is
+        restarted from then on."""
+        self._closing = True
         with trio.CancelScope(shield=True):
             async with trio.open_nursery() as nursery:
                 if self.router is not None:
