@@ -35,6 +35,7 @@ import torch
 from actorsys._submit import SubmitRequest
 from actorsys.outcome import CloseReport, DrainReport
 from bridge._budgets import drains_on_exit
+from bridge._host_loop import on_host_loop
 from bridge._runtime import BridgeBase
 from bridge._sync import remaining
 
@@ -100,8 +101,15 @@ class AsyncEvalBridge(BridgeBase):
     ) -> bool:
         """As :meth:`bridge.EvalBridge.submit`. The wait for a slot suspends only this task;
         the weight copy runs on the loop's thread and blocks it for the copy, so the trainer
-        may change the weights as soon as this returns."""
+        may change the weights as soon as this returns.
+
+        ``export`` (``async (step, path)``, or any callable returning an awaitable such as a
+        Ray ``ObjectRef``) runs on this loop, not in the supervisor's thread, so it may await
+        what this loop awaits; the supervisor's ``export_timeout`` and close cancel its task.
+        """
         rt = self._rt
+        if export is not None and callable(export):
+            export = on_host_loop(export, asyncio.get_running_loop())
         request = SubmitRequest(
             step, model=model, state_dict=state_dict, export=export,
             checkpoint_dir=checkpoint_dir, require_marker=require_marker, force=force,

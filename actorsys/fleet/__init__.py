@@ -5,6 +5,8 @@
 - :class:`VLLMEngine`: a vLLM OpenAI server with its weight-update endpoints.
 - :class:`~actorsys.fleet.local.LocalFleet`: engines (and sglang-router) started on loopback.
 - :mod:`actorsys.fleet.probe`: the weight probe every pin runs after the version reads back.
+- :class:`~actorsys.fleet.ray.RayFleet`: engines as Ray actors (the ``ray`` extra; imported
+  only from ``actorsys.fleet.ray``, so this package never needs Ray).
 """
 
 from actorsys.fleet.completions import Completion, CompletionError, StaleWeightsError

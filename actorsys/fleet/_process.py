@@ -75,6 +75,11 @@ class ManagedProcess:
         assert status is not None
         return status
 
+    def wait_blocking(self) -> int:
+        """Block the calling thread until the reaper has exited; return its status. For an
+        owner that is not a trio program (an engine actor's watcher thread)."""
+        return self._popen.wait()
+
     async def stop(self, grace: float) -> None:
         """SIGTERM the group, SIGKILL it after ``grace`` seconds; return once the reaper is
         reaped. Shielded from cancellation: it always finishes, within about ``grace``."""

@@ -6,6 +6,10 @@ runs COMMAND in that group. It asks the kernel for SIGTERM when the owner's thre
 started it ends (``PR_SET_PDEATHSIG``), which covers an owner that crashes or is killed; it then
 stops the whole group: SIGTERM, then SIGKILL after GRACE seconds. When COMMAND ends by itself,
 whatever it left in the group is stopped the same way and the reaper exits with its status.
+
+COMMAND itself gets SIGKILL from the kernel if the reaper dies first (``PR_SET_PDEATHSIG``
+again): a reaper that is SIGKILLed has no chance to stop the group, and Ray, for one, SIGKILLs
+the children of an actor's worker when the actor is killed.
 """
 
 from __future__ import annotations
@@ -38,7 +42,14 @@ def main(argv: list[str]) -> int:
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     if os.getppid() != owner:
         return 1
-    child = subprocess.Popen(command)
+    reaper = os.getpid()
+
+    def die_with_reaper() -> None:
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != reaper:
+            os._exit(1)
+
+    child = subprocess.Popen(command, preexec_fn=die_with_reaper)
 
     def on_term(signum: int, frame: object) -> None:
         _stop_group(child, grace)

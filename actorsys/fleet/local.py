@@ -10,10 +10,17 @@ Each engine gets a free port and a log file, and is up once ``GET /health`` answ
 Every process runs under a reaper in its own process group (see ``_process``), so leaving the
 block, a cancellation, or the owner's crash stops them all: SIGTERM, then SIGKILL after
 ``grace`` seconds.
+
+Engines are supervised like the pipeline's actors: one that exits is started again on its
+port (its client stays valid), at most ``max_restarts`` times within ``restart_period``
+seconds; past that the fleet gives up on it, logs so, and leaves it down (its ``state`` is
+``"gave_up"``; points pin ``unhealthy``). A restarted engine serves its initial weights: the
+next pin loads the snapshot and reads the version back, as every pin does.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import socket
@@ -33,6 +40,9 @@ from actorsys.fleet.engine import Engine, Fleet
 from actorsys.fleet.sglang import SGLangEngine
 from actorsys.fleet.vllm import RELOAD, TIED_RELOAD, VLLMEngine
 from actorsys.fleet.vllm_worker import EXTENSION_CLASS, WORKER_DIR
+from actorsys.runtime import RestartIntensity
+
+log = logging.getLogger("actorsys.fleet")
 
 HEALTH_POLL_INTERVAL = 0.25
 VLLM_PYTHON = ".venv-vllm/bin/python"
@@ -110,11 +120,29 @@ def vllm(
 
 @dataclass
 class LocalEngine:
+    """One engine of a local fleet. ``state``: ``"running"``, ``"restarting"`` (it exited and
+    is being started again) or ``"gave_up"`` (it exited too often; it stays down);
+    ``restarts``: how often the fleet restarted it on its own."""
+
     name: str
     spec: EngineSpec
     port: int
     process: ManagedProcess
     client: Engine
+    state: str = "running"
+    restarts: int = 0
+    lock: trio.Lock = field(default_factory=trio.Lock, repr=False)
+    _changed: trio.Event = field(default_factory=trio.Event, repr=False)
+
+    def set_state(self, state: str) -> None:
+        self.state = state
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait_state(self, state: str, *, restarts: int = 0) -> None:
+        """Block until the engine is in ``state`` after at least ``restarts`` restarts."""
+        while (self.state, self.restarts >= restarts) != (state, True):
+            await self._changed.wait()
 
     @property
     def url(self) -> str:
@@ -124,11 +152,22 @@ class LocalEngine:
 class LocalFleet:
     """Processes of one local fleet. ``fleet`` is the :class:`Fleet` of their clients."""
 
-    def __init__(self, log_dir: str, grace: float, startup_timeout: float) -> None:
+    def __init__(
+        self,
+        log_dir: str,
+        grace: float,
+        startup_timeout: float,
+        max_restarts: int = 3,
+        restart_period: float = 60.0,
+    ) -> None:
         self.log_dir = log_dir
         self.grace = grace
         self.startup_timeout = startup_timeout
+        self.max_restarts = max_restarts
+        self.restart_period = restart_period
         self.engines: list[LocalEngine] = []
+        self._closing = False
+        self._nursery: trio.Nursery | None = None
         self.router: ManagedProcess | None = None
         self.router_url: str | None = None
         self.fleet: Fleet
@@ -143,19 +182,27 @@ class LocalFleet:
         log_dir: str | None = None,
         grace: float = 5.0,
         startup_timeout: float = 120.0,
+        max_restarts: int = 3,
+        restart_period: float = 60.0,
     ) -> AsyncIterator[LocalFleet]:
         """Start one engine per spec (and the router), wait until all are healthy, yield.
 
         Raises :class:`FleetStartError` if one exits or is not healthy within
         ``startup_timeout`` seconds; whatever was started is stopped first. Logs go to
-        ``log_dir`` (default: a temporary directory, removed afterwards).
+        ``log_dir`` (default: a temporary directory, removed afterwards). An engine that
+        exits later is restarted, at most ``max_restarts`` times within ``restart_period``
+        seconds (``max_restarts=0``: never).
         """
         if not specs:
             raise ConfigError("LocalFleet.open(specs)", "at least one engine spec is required")
+        if not isinstance(max_restarts, int) or max_restarts < 0:
+            raise ConfigError(
+                "LocalFleet.open(max_restarts)", f"expected an integer >= 0, got {max_restarts!r}"
+            )
         own_logs = log_dir is None
         directory = tempfile.mkdtemp(prefix="actorsys-fleet-") if log_dir is None else log_dir
         os.makedirs(directory, exist_ok=True)
-        local = cls(directory, grace, startup_timeout)
+        local = cls(directory, grace, startup_timeout, max_restarts, restart_period)
         try:
             for index, spec in enumerate(specs):
                 local.engines.append(local._start_engine(f"{spec.kind}-{index}", spec))
@@ -164,7 +211,15 @@ class LocalFleet:
             if router:
                 await local._start_router()
             local.fleet = Fleet([e.client for e in local.engines], router_url=local.router_url)
-            yield local
+            async with trio.open_nursery() as nursery:
+                local._nursery = nursery
+                for engine in local.engines:
+                    nursery.start_soon(local._supervise, engine)
+                try:
+                    yield local
+                finally:
+                    local._closing = True
+                    nursery.cancel_scope.cancel()
         finally:
             await local.aclose()
             if own_logs:
@@ -204,14 +259,53 @@ class LocalFleet:
     async def restart(self, index: int, spec: EngineSpec | None = None) -> None:
         """Stop engine ``index`` (if it still runs) and start it again on the same port, with
         the same client (and ``spec``, if given, in place of its own); return once it is
-        healthy. Its weights are the initial ones again."""
+        healthy. Its weights are the initial ones again. An engine the fleet gave up on is
+        supervised again."""
         engine = self.engines[index]
-        await engine.process.stop(self.grace)
-        if spec is not None:
-            engine.spec = spec
-        restarted = self._start_engine(engine.name, engine.spec, engine.port)
-        engine.process = restarted.process
+        async with engine.lock:
+            await engine.process.stop(self.grace)
+            if spec is not None:
+                engine.spec = spec
+            await self._replace_process(engine)
+            if engine.state == "gave_up" and self._nursery is not None:
+                self._nursery.start_soon(self._supervise, engine)
+            engine.set_state("running")
+
+    async def _replace_process(self, engine: LocalEngine) -> None:
+        engine.process = self._start_engine(engine.name, engine.spec, engine.port).process
         await self._wait_healthy(engine.process, engine.url)
+
+    async def _supervise(self, engine: LocalEngine) -> None:
+        """Restart ``engine`` whenever its process exits, within the restart intensity."""
+        intensity = RestartIntensity(self.max_restarts, self.restart_period)
+        while True:
+            process = engine.process
+            status = await process.wait()
+            async with engine.lock:
+                if self._closing:
+                    return
+                if engine.process is not process:
+                    continue
+                if not intensity.allow(trio.current_time()):
+                    engine.set_state("gave_up")
+                    log.error(
+                        "%s exited with status %s, more than %d restarts within %s s: the fleet "
+                        "gives up on it (it stays down); log tail:\n%s",
+                        engine.name, status, self.max_restarts, self.restart_period,
+                        process.log_tail(1000),
+                    )
+                    return
+                engine.restarts += 1
+                engine.set_state("restarting")
+                log.warning("%s exited with status %s; restarting it on port %d (restart %d)",
+                            engine.name, status, engine.port, engine.restarts)
+                try:
+                    await self._replace_process(engine)
+                except FleetStartError as exc:
+                    log.warning("%s did not come back: %s", engine.name, exc)
+                    await engine.process.stop(self.grace)
+                    continue
+                engine.set_state("running")
 
     async def _wait_healthy(self, process: ManagedProcess, url: str) -> None:
         with trio.move_on_after(self.startup_timeout):
@@ -235,7 +329,9 @@ class LocalFleet:
 
     async def aclose(self) -> None:
         """Stop the router and every engine (SIGTERM, SIGKILL after ``grace``), in parallel.
-        Shielded: returns within about ``grace`` seconds even when cancelled."""
+        Shielded: returns within about ``grace`` seconds even when cancelled. Nothing is
+        restarted from then on."""
+        self._closing = True
         with trio.CancelScope(shield=True):
             async with trio.open_nursery() as nursery:
                 if self.router is not None:

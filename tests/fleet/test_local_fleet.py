@@ -9,8 +9,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+import trio
 
-from actorsys.fleet.local import EngineSpec, LocalFleet, embedded
+from actorsys.fleet.local import EngineSpec, LocalEngine, LocalFleet, embedded
 from tests.fleet.conftest import TinyModels, corrupt_copy
 from tests.fleet.pipeline import MAX_TOKENS, assert_pinned, evaluate, pipeline
 from tests.models import PROMPTS
@@ -41,7 +42,7 @@ async def test_two_engines_behind_the_router_serve_exactly_the_pinned_snapshot(
 async def test_killed_engine_skips_the_point_as_unhealthy_and_the_next_one_pins(
     tiny: TinyModels, tmp_path: Path
 ) -> None:
-    async with LocalFleet.open(fleet_specs(tiny, 2), router=True) as local:
+    async with LocalFleet.open(fleet_specs(tiny, 2), router=True, max_restarts=0) as local:
         async with pipeline(tiny, tmp_path, local.fleet) as (sup, sink):
             assert_pinned(await evaluate(sup, sink, tiny, 1), engines=2)
             pid = local.engines[0].process.command_pid()
@@ -122,3 +123,34 @@ async def test_engine_that_labels_the_new_version_over_its_old_weights_is_caught
         assert (violated.status, violated.reason) == ("skipped", "pin_violation")
         assert "reads back version '1' but does not serve its weights" in violated.data["error"]
         assert [await e.weight_version() for e in local.fleet.engines] == ["1"]
+
+
+async def kill(engine: LocalEngine) -> None:
+    pid = engine.process.command_pid()
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    await engine.process.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+async def test_killed_engine_comes_back_and_pins_again_until_the_fleet_gives_up_on_it(
+    tiny: TinyModels, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with LocalFleet.open(fleet_specs(tiny, 1), max_restarts=1, restart_period=600) as local:
+        engine = local.engines[0]
+        async with pipeline(tiny, tmp_path, local.fleet) as (sup, sink):
+            assert_pinned(await evaluate(sup, sink, tiny, 1), engines=1)
+            await kill(engine)
+            with trio.fail_after(120):
+                await engine.wait_state("running", restarts=1)
+            # It serves its initial weights again: the next pin must load the snapshot.
+            assert await engine.client.weight_version() != "1"
+            assert_pinned(await evaluate(sup, sink, tiny, 2), engines=1)
+            await kill(engine)
+            with trio.fail_after(30):
+                await engine.wait_state("gave_up")
+            skipped = await evaluate(sup, sink, tiny, 3)
+            assert (skipped.status, skipped.reason) == ("skipped", "unhealthy")
+    gave_up = [r for r in caplog.records if "gives up on it" in r.getMessage()]
+    assert [(r.levelname, r.name) for r in gave_up] == [("ERROR", "actorsys.fleet")]

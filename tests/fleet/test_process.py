@@ -108,3 +108,13 @@ async def test_owner_killed_with_sigkill_leaves_no_orphans() -> None:
     finally:
         owner.kill()
         await owner.wait()
+
+
+@pytest.mark.timeout(60)
+async def test_command_dies_with_its_reaper_when_the_reaper_is_sigkilled() -> None:
+    # What Ray does to the children of a killed actor's worker: no chance to stop the group.
+    process = spawn("sleeper", ["sleep", "300"], grace=5.0)
+    [command] = await wait_for_tree(process.pid, 1)
+    os.kill(process.pid, signal.SIGKILL)
+    await process.wait()
+    await wait_gone([command])

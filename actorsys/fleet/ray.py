@@ -1,0 +1,263 @@
+"""RayFleet: inference engines that run as Ray actors, pinned through the Engine protocol.
+
+Example::
+
+    ray.init()
+    async with RayFleet.open(model_dir, num_engines=2, resources={"num_cpus": 1},
+                             max_restarts=3) as ray_fleet:
+        async with EvalSupervisor.open(config, eval_fn=MyEval(), fleet=ray_fleet.fleet) as sup:
+            ...
+
+Ray places each engine actor; the actor starts its engine server (the embedded CPU engine, or
+a vLLM server from ``.venv-vllm``) on its node under a reaper, so the server dies with the
+actor, and reports the server's URL. The fleet's engines are :class:`RayEngine` objects: a
+health check asks the actor for its URL, so a dead actor is ``unhealthy`` and an actor Ray
+restarted is reached at its new URL; the load and the version read-back go over HTTP to that
+URL through the engine's own client. A restarted server starts from ``model_dir``, never from
+the last snapshot: the next pin loads the snapshot and reads its version back, as for any
+engine.
+
+Every Ray call is awaited from trio through ``ObjectRef.future()`` (no asyncio involved), and
+cancelling the waiting task calls ``ray.cancel``. Ray is imported only when a fleet is opened:
+``import actorsys`` works without it (the ``ray`` extra installs it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import sniffio
+import trio
+
+from actorsys._concurrent import wait_future
+from actorsys.fleet._process import ManagedProcess, spawn
+from actorsys.fleet.engine import Engine, EngineUnhealthyError, Fleet
+from actorsys.fleet.local import VLLM_PYTHON, EngineSpec, embedded, free_port, vllm
+
+log = logging.getLogger("actorsys.fleet")
+
+ENGINES = ("embedded", "vllm")
+DEFAULT_RESOURCES: Mapping[str, Any] = {"num_cpus": 1}
+HEALTH_POLL_INTERVAL = 0.25
+
+
+async def await_ref(ref: Any, *, force: bool = False) -> Any:
+    """The value of the Ray ``ObjectRef`` ``ref``, awaited from trio.
+
+    Blocks the calling task (not the trio thread) on ``ref.future()``. Cancelling the task
+    calls ``ray.cancel(ref, force=force)`` and returns at once. A queued task never runs; a
+    running one is interrupted where Ray can: an async actor's task is cancelled, a plain
+    task's worker is killed only with ``force=True``, a sync actor's method runs on.
+    """
+    import ray
+
+    def cancel() -> None:
+        try:
+            ray.cancel(ref, force=force)
+        except Exception as exc:
+            log.warning("ray.cancel(%s) failed: %r", ref, exc)
+
+    return await wait_future(ref.future(), cancel=cancel)
+
+
+async def _all_answer(refs: list[Any]) -> None:
+    """Wait for every ref, under trio or under asyncio (an asyncio driver may open a fleet
+    too; its engines are then used from the bridge's trio thread)."""
+    if sniffio.current_async_library() == "asyncio":
+        await asyncio.gather(*(asyncio.wrap_future(ref.future()) for ref in refs))
+        return
+    async with trio.open_nursery() as nursery:
+        for ref in refs:
+            nursery.start_soon(await_ref, ref)
+
+
+def engine_spec(engine: str, model_dir: str, engine_args: Sequence[str]) -> EngineSpec:
+    """The command, environment and client of one engine of kind ``engine``."""
+    if engine == "embedded":
+        return embedded(model_dir, extra_args=engine_args)
+    if engine == "vllm":
+        # Resolved here: the actor runs in a working directory of Ray's.
+        return vllm(model_dir, python=os.path.abspath(VLLM_PYTHON), extra_args=engine_args)
+    raise ValueError(f"RayFleet.open(engine): expected one of {ENGINES}, got {engine!r}")
+
+
+class EngineServer:
+    """The body of an engine actor: one engine server on this node, watched.
+
+    The server binds the node's address on a free port. When it exits, a watcher thread ends
+    the actor's process, so that Ray restarts the actor (within its ``max_restarts``) or marks
+    it dead; either way calls to it fail until it is back, and the pin says ``unhealthy``.
+    """
+
+    def __init__(self, name: str, spec: EngineSpec, startup_timeout: float, grace: float) -> None:
+        import ray
+
+        host = ray.util.get_node_ip_address()
+        port = free_port()
+        self._log_dir = tempfile.mkdtemp(prefix="actorsys-ray-engine-")
+        self._url = f"http://{host}:{port}"
+        self._process: ManagedProcess = spawn(
+            name,
+            [*spec.command(port), "--host", host],
+            log_path=os.path.join(self._log_dir, f"{name}.log"),
+            env={**os.environ, **spec.env},
+            grace=grace,
+        )
+        self._wait_healthy(startup_timeout)
+        threading.Thread(target=self._exit_with_server, name="engine-watch", daemon=True).start()
+
+    def _wait_healthy(self, startup_timeout: float) -> None:
+        deadline = time.monotonic() + startup_timeout
+        with httpx.Client(timeout=5.0) as client:
+            while time.monotonic() < deadline:
+                if self._process.returncode is not None:
+                    raise RuntimeError(
+                        f"engine server exited with status {self._process.returncode} before "
+                        f"it was healthy; log tail:\n{self._process.log_tail()}"
+                    )
+                try:
+                    if client.get(f"{self._url}/health").status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                time.sleep(HEALTH_POLL_INTERVAL)
+        self._process.signal_group(signal.SIGKILL)
+        raise RuntimeError(
+            f"engine server not healthy at {self._url} within {startup_timeout} s; "
+            f"log tail:\n{self._process.log_tail()}"
+        )
+
+    def _exit_with_server(self) -> None:
+        status = self._process.wait_blocking()
+        print(f"engine server at {self._url} exited with status {status}; ending the actor",
+              flush=True)
+        os._exit(1)
+
+    def url(self) -> str:
+        """The server's base URL; raises if the server has exited."""
+        if self._process.returncode is not None:
+            raise RuntimeError(f"engine server exited with status {self._process.returncode}")
+        return self._url
+
+    def pids(self) -> tuple[int, int | None]:
+        """This actor's pid and the engine server's (None once it has ended)."""
+        return os.getpid(), self._process.command_pid()
+
+    def log_tail(self) -> str:
+        return self._process.log_tail()
+
+
+class RayEngine:
+    """The :class:`~actorsys.Engine` of one engine actor.
+
+    Every method first asks the actor for its server's URL (a dead or restarting actor
+    raises :class:`~actorsys.fleet.EngineUnhealthyError`), then calls the server there over
+    HTTP, so a server Ray restarted elsewhere is never mistaken for the one pinned before.
+    Every method blocks on Ray or on the server; the caller's cancel scope bounds it.
+    """
+
+    def __init__(self, actor: Any, name: str, spec: EngineSpec) -> None:
+        self.actor = actor
+        self.name = name
+        self._spec = spec
+        self._client: Engine | None = None
+        self.url: str | None = None
+
+    def __repr__(self) -> str:
+        return f"RayEngine({self.name!r}, url={self.url!r})"
+
+    async def health(self) -> None:
+        await (await self._current()).health()
+
+    async def load_weights(self, path: str, version: str) -> None:
+        await (await self._current()).load_weights(path, version)
+
+    async def weight_version(self) -> str | None:
+        return await (await self._current()).weight_version()
+
+    async def _current(self) -> Engine:
+        """The client of the server the actor runs now (a restarted actor's is new)."""
+        import ray
+
+        try:
+            url = await await_ref(self.actor.url.remote())
+        except ray.exceptions.RayError as exc:
+            raise EngineUnhealthyError(self.name, f"its actor is not serving: {exc}") from exc
+        if url != self.url or self._client is None:
+            self._client, self.url = self._spec.client(url, self.name), url
+        return self._client
+
+
+class RayFleet:
+    """Engine actors and the :class:`~actorsys.Fleet` of their engines.
+
+    ``fleet``: the Fleet to hand to the supervisor. ``actors``: the Ray actor handles, in
+    engine order. ``engines``: the :class:`RayEngine` of each.
+    """
+
+    def __init__(self, actors: list[Any], engines: list[RayEngine]) -> None:
+        self.actors = actors
+        self.engines = engines
+        self.fleet = Fleet(engines)
+
+    @classmethod
+    @asynccontextmanager
+    async def open(
+        cls,
+        model_dir: str | os.PathLike[str],
+        *,
+        num_engines: int,
+        engine: str = "embedded",
+        engine_args: Sequence[str] = (),
+        resources: Mapping[str, Any] | None = None,
+        max_restarts: int = 0,
+        startup_timeout: float = 600.0,
+        grace: float = 5.0,
+    ) -> AsyncIterator[RayFleet]:
+        """Start ``num_engines`` engine actors serving ``model_dir``; yield once every one
+        reports its URL; kill them all on the way out.
+
+        ``engine``: ``"embedded"`` or ``"vllm"``; ``engine_args`` go to its command line.
+        ``resources``: options of each actor for Ray's placement (``num_cpus``, ``num_gpus``,
+        ``resources``, ``scheduling_strategy``...; default one CPU). ``max_restarts``: how
+        often Ray restarts an actor whose server or process died. Blocks until the servers
+        are healthy (at most ``startup_timeout`` seconds each); the caller's cancel scope
+        bounds it. Uses the Ray cluster ``ray.init`` connected to (Ray starts a local one if
+        none). Opens under trio or asyncio; the fleet's engines are used under trio (by the
+        supervisor, or a bridge's trio thread).
+        """
+        import ray
+
+        if not isinstance(num_engines, int) or num_engines < 1:
+            raise ValueError(f"RayFleet.open(num_engines): expected an integer >= 1, got {num_engines!r}")
+        if not isinstance(max_restarts, int) or max_restarts < -1:
+            raise ValueError(
+                f"RayFleet.open(max_restarts): expected an integer >= 0 (-1: without end), "
+                f"got {max_restarts!r}"
+            )
+        spec = engine_spec(engine, os.fspath(model_dir), tuple(engine_args))
+        options = dict(DEFAULT_RESOURCES if resources is None else resources)
+        remote_class: Any = ray.remote(EngineServer)
+        actor_class = remote_class.options(
+            max_restarts=max_restarts, max_task_retries=0, **options
+        )
+        names = [f"ray-{engine}-{index}" for index in range(num_engines)]
+        actors = [actor_class.remote(name, spec, startup_timeout, grace) for name in names]
+        try:
+            await _all_answer([actor.url.remote() for actor in actors])
+            engines = [RayEngine(a, n, spec) for a, n in zip(actors, names, strict=True)]
+            yield cls(actors, engines)
+        finally:
+            if ray.is_initialized():
+                for actor in actors:
+                    ray.kill(actor, no_restart=True)
