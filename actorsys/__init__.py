@@ -39,6 +39,8 @@ from actorsys.fleet import (
 )
 from actorsys.outcome import CloseReport, DrainReport, Outcome, SupervisorStatistics
 from actorsys.sinks import JsonlSink, MemorySink
+from actorsys.sinks_tensorboard import TensorBoardSink
+from actorsys.sinks_wandb import WandbSink
 from actorsys.supervisor import EvalSupervisor
 
 __all__ = [
@@ -74,7 +76,9 @@ __all__ = [
     "SupervisorClosedError",
     "SupervisorGaveUpError",
     "SupervisorStatistics",
+    "TensorBoardSink",
     "VLLMEngine",
+    "WandbSink",
     "datasets_from_args",
     "load_eval_config",
     "score",

@@ -26,6 +26,9 @@ class MemorySink:
     def by_step(self) -> dict[int, Outcome]:
         return {outcome.step: outcome for outcome in self.outcomes}
 
+    def close(self) -> None:
+        """Nothing to release; here so that every sink can be closed alike."""
+
 
 class JsonlSink:
     """Appends one JSON object a line to ``path``, flushed per outcome.

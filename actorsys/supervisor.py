@@ -47,7 +47,8 @@ from actorsys.contracts import RUNTIMES, CheckpointEvalFn
 from actorsys.fleet import Fleet
 from actorsys.outcome import CloseReport, DrainReport, SupervisorStatistics
 from actorsys.runtime import ActorSupervisor, ChildSpec, Restart, run_blocking
-from actorsys.sinks import MemorySink, Sink
+from actorsys.sinks import Sink
+from actorsys.sinks_fanout import as_sink
 from actorsys.snapshot import BufferLease, CapturedWeights, StatePlan, capture, plan_state
 
 log = logging.getLogger("actorsys")
@@ -83,11 +84,9 @@ class EvalSupervisor:
             raise ConfigError("config", f"expected an EvalConfig, got {type(config).__name__}")
         _check_eval_fn(eval_fn)
         fleets = _fleets(fleet)
-        if sink is not None and not callable(getattr(sink, "record", None)):
-            raise ConfigError("sink", f"{sink!r} has no record(outcome) method")
         self.config = config
         self.eval_fn = eval_fn
-        self.sink: Sink = sink if sink is not None else MemorySink()
+        self.sink: Sink = as_sink(sink)
         self._fleets = fleets
         self._pipeline: Pipeline | None = None
         self._actors: ActorSupervisor | None = None

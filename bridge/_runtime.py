@@ -19,7 +19,8 @@ import trio
 from actorsys._errors import ConfigError, SupervisorClosedError
 from actorsys.config import EvalConfig, require_seconds
 from actorsys.outcome import CloseReport, DrainReport, SupervisorStatistics
-from actorsys.sinks import MemorySink, Sink
+from actorsys.sinks import Sink
+from actorsys.sinks_fanout import as_sink
 from actorsys.snapshot import CapturedWeights
 from actorsys.supervisor import Reservation
 from bridge._budgets import trio_share
@@ -49,7 +50,7 @@ class Runtime:
             raise ConfigError("config", f"expected an EvalConfig, got {type(config).__name__}")
         require_seconds("handoff_timeout", handoff_timeout, allow_zero=True)
         self.config = config
-        self.sink: Sink = sink if sink is not None else MemorySink()
+        self.sink: Sink = as_sink(sink)
         self.handoff_timeout = float(handoff_timeout)
         self.trio = TrioThread(config, eval_fn=eval_fn, fleet=fleet, sink=self.sink)
         self.close_report: CloseReport | None = None

@@ -1,0 +1,74 @@
+"""Reading a metrics file: one JSON object a line, as ``JsonlSink`` and ``watch`` write it.
+
+A line that is not JSON (the torn last line of a run that was killed) is skipped with a
+warning, never fatal.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("actorsys.cli")
+
+PIPELINE_METRICS = (
+    "eval/lag_steps",
+    "eval/duration_seconds",
+    "eval/export_time_seconds",
+    "eval/pin_time_seconds",
+)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One line of a metrics file: an attempt at evaluating ``step``."""
+
+    step: int
+    status: str
+    reason: str | None
+    metrics: dict[str, float] = field(default_factory=dict)
+    checkpoint: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def read_points(path: str | os.PathLike[str]) -> list[Point]:
+    """Every point of the file at ``path``, in file order."""
+    points: list[Point] = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row: dict[str, Any] = json.loads(line)
+                metrics = {
+                    k: float(v)
+                    for k, v in (row.get("metrics") or {}).items()
+                    if isinstance(v, int | float) and not isinstance(v, bool)
+                }
+                points.append(
+                    Point(
+                        step=int(row["step"]),
+                        status=str(row["status"]),
+                        reason=row.get("reason"),
+                        metrics=metrics,
+                        checkpoint=row.get("checkpoint") or row.get("snapshot"),
+                    )
+                )
+            except (ValueError, KeyError, TypeError) as exc:
+                log.warning("%s line %d is not a metrics record (%s); skipped", path, number, exc)
+    return points
+
+
+def score_metrics(points: Sequence[Point]) -> list[str]:
+    """The headline scores in ``points``: ``eval/<name>`` (a dataset's mean score, as the
+    evaluations name it); where there are none, every metric but the pipeline's timings."""
+    names = sorted({name for p in points for name in p.metrics} - set(PIPELINE_METRICS))
+    headline = [n for n in names if n.count("/") == 1]
+    return headline or names

@@ -1,0 +1,92 @@
+"""The fleets ``watch`` evaluates on: CPU engines it starts (``--engines N``), or servers
+that run anyway (``--engine-url URL ...``), split into ``--fleets K`` fleets that evaluate in
+parallel."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Literal
+
+from actorsys.fleet.engine import EngineUnhealthyError, Fleet
+from actorsys.fleet.local import VLLM_PYTHON, LocalFleet, embedded, vllm
+from actorsys.fleet.sglang import SGLangEngine
+from actorsys.fleet.vllm import VLLMEngine
+from actorsys.watch.scan import Checkpoint
+
+Flavor = Literal["auto", "vllm", "sglang"]
+FLAVORS: tuple[Flavor, ...] = ("auto", "vllm", "sglang")
+
+
+def split(engines: Sequence[object], fleets: int) -> list[list[object]]:
+    """``engines`` dealt round-robin into ``fleets`` groups."""
+    return [list(engines[index::fleets]) for index in range(fleets)]
+
+
+@asynccontextmanager
+async def started_fleets(
+    checkpoint: Checkpoint,
+    *,
+    engines: int,
+    fleets: int,
+    flavor: Flavor,
+    log_dir: str | None,
+    startup_timeout: float = 300.0,
+) -> AsyncIterator[list[Fleet]]:
+    """Start ``engines`` CPU engines serving ``checkpoint`` (vLLM for ``flavor="vllm"``, the
+    embedded engine otherwise), dealt into ``fleets`` fleets; stop them on the way out."""
+    model_dir = checkpoint.path
+    if flavor == "vllm":
+        length = model_length(model_dir)
+        specs = [vllm(model_dir, python=VLLM_PYTHON, max_model_len=length) for _ in range(engines)]
+    else:
+        specs = [embedded(model_dir) for _ in range(engines)]
+    async with LocalFleet.open(specs, log_dir=log_dir, startup_timeout=startup_timeout) as local:
+        yield [Fleet(group) for group in split(local.fleet.engines, fleets)]  # type: ignore[arg-type]
+
+
+@asynccontextmanager
+async def attached_fleets(urls: Sequence[str], *, fleets: int, flavor: Flavor) -> AsyncIterator[list[Fleet]]:
+    """Clients of the servers at ``urls`` (never started or stopped here), dealt into
+    ``fleets`` fleets. ``flavor="auto"`` asks each server which API it speaks."""
+    clients = [await engine_for_url(url, flavor, name=f"engine-{i}") for i, url in enumerate(urls)]
+    yield [Fleet(group) for group in split(clients, fleets)]  # type: ignore[arg-type]
+
+
+async def engine_for_url(url: str, flavor: Flavor, *, name: str) -> SGLangEngine | VLLMEngine:
+    """The client of the server at ``url``: sglang's API (also the embedded engine's) or
+    vLLM's weight-update endpoints. Raises :class:`EngineUnhealthyError` if ``auto`` finds
+    neither."""
+    if flavor == "sglang":
+        return SGLangEngine(url, name=name)
+    if flavor == "vllm":
+        return VLLMEngine(url, name=name)
+    sglang = SGLangEngine(url, name=name)
+    try:
+        await sglang.weight_version()
+        return sglang
+    except EngineUnhealthyError:
+        pass
+    engine = VLLMEngine(url, name=name)
+    try:
+        await engine.weight_version()
+    except EngineUnhealthyError as exc:
+        raise EngineUnhealthyError(
+            name, f"{url} speaks neither sglang's API nor vLLM's weight-update endpoints ({exc}); "
+            "pass --flavor"
+        ) from exc
+    return engine
+
+
+def model_length(model_dir: str, cap: int = 512) -> int:
+    """The context length to serve ``model_dir`` with: its ``max_position_embeddings``, at
+    most ``cap`` (vLLM refuses a ``--max-model-len`` beyond what the model was built for)."""
+    with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
+        positions = json.load(f).get("max_position_embeddings") or cap
+    return min(cap, int(positions))
+
+
+def vllm_missing() -> str | None:
+    return None if os.path.exists(VLLM_PYTHON) else VLLM_PYTHON

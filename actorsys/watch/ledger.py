@@ -1,0 +1,116 @@
+"""The watch ledger: ``OUT/ledger.jsonl``, an append-only record of evaluation attempts.
+
+Each line is one JSON object: ``checkpoint`` (the directory's name), ``step``, ``eval_key``
+(a hash of the eval settings), ``status`` and, where it applies, ``reason`` and ``attempt``.
+Statuses: ``ok`` (done), ``skipped`` (an attempt that failed; retried), ``failed`` (the last
+allowed attempt failed; never retried), ``vanished`` (deleted before its evaluation).
+
+Lines are written whole, in one ``write`` on a file opened for appending, then fsynced, so a
+crash leaves at most a torn last line; reading ignores any line that is not a JSON object,
+and the next append starts a new line after it. A changed ``eval_key`` (a new dataset, other
+settings) makes every checkpoint due again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger("actorsys.watch")
+
+Key = tuple[str, str]
+DONE = "ok"
+SKIPPED = "skipped"
+FAILED = "failed"
+VANISHED = "vanished"
+TERMINAL = (DONE, FAILED)
+
+
+@dataclass
+class History:
+    """What the ledger says about one checkpoint under one eval key."""
+
+    attempts: int = 0
+    status: str | None = None
+
+    @property
+    def settled(self) -> bool:
+        return self.status in TERMINAL
+
+
+class Ledger:
+    """The ledger at ``path`` (created on the first append). Loading reads it whole."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self._histories: dict[Key, History] = defaultdict(History)
+        self._needs_newline = False
+        self._load()
+
+    def history(self, checkpoint: str, eval_key: str) -> History:
+        return self._histories.get((checkpoint, eval_key), History())
+
+    def due(self, checkpoint: str, eval_key: str, max_attempts: int) -> bool:
+        """Whether ``checkpoint`` still needs an evaluation under ``eval_key``."""
+        history = self.history(checkpoint, eval_key)
+        return not history.settled and history.attempts < max_attempts
+
+    def append(self, checkpoint: str, step: int, eval_key: str, status: str, **fields: Any) -> None:
+        """Append one line and fsync it. Blocking (a write and an fsync)."""
+        history = self._histories[(checkpoint, eval_key)]
+        if status == SKIPPED:
+            history.attempts += 1
+            fields.setdefault("attempt", history.attempts)
+        elif status == DONE:
+            fields.setdefault("attempt", history.attempts + 1)
+        history.status = status
+        entry = {"checkpoint": checkpoint, "step": step, "eval_key": eval_key, "status": status,
+                 **fields, "time": round(time.time(), 3)}
+        line = json.dumps(entry, default=repr) + "\n"
+        if self._needs_newline:
+            line = "\n" + line
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._needs_newline = False
+
+    def _load(self) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return
+        self._needs_newline = bool(data) and not data.endswith(b"\n")
+        for number, entry in _entries(data.decode("utf-8", errors="replace").splitlines()):
+            if entry is None:
+                log.warning("%s line %d is torn or not a ledger entry; ignored", self.path, number)
+                continue
+            history = self._histories[(str(entry["checkpoint"]), str(entry["eval_key"]))]
+            status = str(entry["status"])
+            if status == SKIPPED:
+                history.attempts += 1
+            history.status = status
+
+
+def _entries(lines: Iterable[str]) -> Iterable[tuple[int, dict[str, Any] | None]]:
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            yield number, None
+            continue
+        if isinstance(entry, dict) and {"checkpoint", "eval_key", "status"} <= entry.keys():
+            yield number, entry
+        else:
+            yield number, None
