@@ -36,7 +36,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import trio
 
+from actorsys._errors import ActorsysError
 from actorsys.fleet.engine import Engine, EngineUnhealthyError, PinError, PinViolationError
+from actorsys.runtime import ThreadTracker, run_blocking
 
 log = logging.getLogger("actorsys.fleet")
 
@@ -48,11 +50,11 @@ ABS_MARGIN = 1e-3
 PROBE_SEED = 20261201
 
 
-class ProbeUnsupportedError(Exception):
+class ProbeUnsupportedError(ActorsysError):
     """The engine has no way to answer a token probe (the pin then checks the version only)."""
 
 
-class ReferenceUnavailableError(Exception):
+class ReferenceUnavailableError(ActorsysError):
     """The snapshot cannot give the probe's answer (the pin then checks the version only)."""
 
 
@@ -195,6 +197,7 @@ class WeightProbe:
 
     def __init__(self) -> None:
         self.limiter = trio.CapacityLimiter(1)
+        self.tracker = ThreadTracker()
         self._logged: set[str] = set()
 
     def note_once(self, reason: str) -> None:
@@ -217,8 +220,12 @@ class WeightProbe:
         reads). None, logged once, where the snapshot cannot give one or computing it
         failed (a fault of the probe never fails a pin by itself)."""
         try:
-            return await trio.to_thread.run_sync(
-                compute_reference, path, abandon_on_cancel=True, limiter=self.limiter
+            return await run_blocking(
+                lambda: compute_reference(path),
+                abandon_on_cancel=True,
+                limiter=self.limiter,
+                description=f"weight probe reference of {path}",
+                tracker=self.tracker,
             )
         except ReferenceUnavailableError as exc:
             self.note_once(str(exc))

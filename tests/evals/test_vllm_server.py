@@ -11,6 +11,7 @@ import pytest
 
 from actorsys import EvalConfig, EvalSupervisor, MemorySink
 from actorsys.evals import ServerEvalFn
+from actorsys.fleet import CheckpointRejectedError
 from actorsys.fleet.checkpoint import read_tensor_infos
 from tests.evals.conftest import Answers, process_tree, running
 from tests.fleet.conftest import TinyModels, corrupt_copy
@@ -67,7 +68,7 @@ async def test_launched_vllm_server_scores_each_snapshot_and_refuses_a_corrupt_o
     for step, name in ((1, "step1"), (2, "step2"), (4, "step1")):
         assert outcomes[step].status == "ok", (step, outcomes[step].reason)
         assert outcomes[step].metrics["eval/answers"] == answers.expected[name]
-    assert (outcomes[3].status, outcomes[3].reason) == ("skipped", "ckpt_missing")
+    assert (outcomes[3].status, outcomes[3].reason) == ("skipped", CheckpointRejectedError.reason)
     assert len(tree) >= 3  # the reaper, the API server, its engine core
     assert evaluation.process is None  # the supervisor disposed of it at close
     assert running(tree) == []
