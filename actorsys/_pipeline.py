@@ -44,7 +44,9 @@ class Pipeline:
         self.staging_dir = staging_dir
         self.tracker = ThreadTracker()
         self._token = trio.lowlevel.current_trio_token()
-        self.buffers = BufferPool(config.max_in_flight, on_free=self._wake_from_any_thread)
+        self.buffers = BufferPool(
+            config.max_in_flight, on_free=self._wake_from_any_thread, prepare_spares=True
+        )
         self.export_send, self.export_recv = trio.open_memory_channel[Point](math.inf)
         self.pin_send, self.pin_recv = trio.open_memory_channel[Point](math.inf)
         self.eval_send, self.eval_recv = trio.open_memory_channel[Point](math.inf)

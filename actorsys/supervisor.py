@@ -48,7 +48,15 @@ from actorsys.fleet import Fleet
 from actorsys.outcome import CloseReport, DrainReport, SupervisorStatistics
 from actorsys.runtime import ActorSupervisor, ChildSpec, Restart, run_blocking
 from actorsys.sinks import MemorySink, Sink
-from actorsys.snapshot import BufferLease, CapturedWeights, StatePlan, capture, plan_state
+from actorsys.snapshot import (
+    BufferLease,
+    CapturedWeights,
+    PoolStatistics,
+    StatePlan,
+    capture,
+    plan_state,
+    prepare_weights,
+)
 
 log = logging.getLogger("actorsys")
 
@@ -174,6 +182,27 @@ class EvalSupervisor:
         )
         self._pipeline, self._actors, self._invoker = pipeline, actors, invoker
         return actors
+
+    async def prepare(
+        self,
+        *,
+        model: torch.nn.Module | None = None,
+        state_dict: Mapping[str, torch.Tensor] | None = None,
+    ) -> PoolStatistics:
+        """Optional, once before the first point: get ready for ``submit`` of these weights, so
+        that the first point costs the trainer what a later one does. Copies nothing.
+
+        Plans the weights in this thread (cheap), then, in a worker thread: looks up whether
+        transformers converts the model's weights on save, and allocates and faults in
+        ``max_in_flight`` buffer sets of the right size. Blocks this task until that is done
+        (about one copy of the weights into fresh memory per set), never the trio thread.
+        Cancelling returns at once; the sets being prepared still join the pool. Returns the
+        pool's statistics. Raises :class:`~actorsys.ConfigError` naming a bad argument.
+        """
+        pipeline = self._running_pipeline()
+        return await prepare_weights(
+            pipeline.buffers, pipeline.tracker, model=model, state_dict=state_dict
+        )
 
     # -- admission -------------------------------------------------------------------------
 
@@ -550,6 +579,7 @@ class EvalSupervisor:
             restarts=0 if actors is None else actors.restarts,
             gave_up=self._gave_up is not None,
             closed=self._closing,
+            buffers=None if pipeline is None else pipeline.buffers.statistics(),
         )
 
 
