@@ -20,12 +20,13 @@ and a preparing thread adds sets.
 from __future__ import annotations
 
 import logging
-import mmap
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+from actorsys.snapshot._memory import Preparation, allocate_faulted
 
 log = logging.getLogger("actorsys")
 
@@ -45,17 +46,6 @@ class PoolStatistics:
     free_nbytes: int
     prepared: int = 0
     preparing: int = 0
-
-
-class _Preparation:
-    """A set being allocated and faulted in; a lease may claim it before it is done."""
-
-    def __init__(self, nbytes: int, pinned: bool) -> None:
-        self.nbytes = nbytes
-        self.pinned = pinned
-        self.claimed = False
-        self.done = threading.Event()
-        self.buffer: torch.Tensor | None = None
 
 
 class BufferPool:
@@ -81,7 +71,7 @@ class BufferPool:
         self._on_free = on_free
         self._lock = threading.Lock()
         self._free: list[torch.Tensor] = []
-        self._preparing: list[_Preparation] = []
+        self._preparing: list[Preparation] = []
         self._preparer: threading.Thread | None = None
         self._sets = 0
         self._leases = 0
@@ -102,7 +92,7 @@ class BufferPool:
                 return None
             fitting = [b for b in self._free if _fits(b, nbytes, pinned)]
             reused: torch.Tensor | None = None
-            preparation: _Preparation | None = None
+            preparation: Preparation | None = None
             if fitting:
                 reused = min(fitting, key=lambda b: b.numel())
                 self._free.remove(reused)
@@ -188,7 +178,7 @@ class BufferPool:
                 preparing=len(self._preparing),
             )
 
-    def _start_preparation(self, nbytes: int, pinned: bool) -> _Preparation | None:
+    def _start_preparation(self, nbytes: int, pinned: bool) -> Preparation | None:
         with self._lock:
             if self._closed:
                 return None
@@ -199,11 +189,11 @@ class BufferPool:
                 if not unfit:
                     return None
                 self._free.remove(min(unfit, key=lambda b: b.numel()))
-            preparation = _Preparation(nbytes, pinned)
+            preparation = Preparation(nbytes, pinned)
             self._preparing.append(preparation)
             return preparation
 
-    def _run_preparation(self, preparation: _Preparation) -> None:
+    def _run_preparation(self, preparation: Preparation) -> None:
         buffer: torch.Tensor | None = None
         try:
             buffer = allocate_faulted(preparation.nbytes, pinned=preparation.pinned)
@@ -229,7 +219,7 @@ class BufferPool:
         except Exception:
             log.warning("preparing weight buffers in the background failed", exc_info=True)
 
-    def _unclaim(self, preparation: _Preparation) -> bool:
+    def _unclaim(self, preparation: Preparation) -> bool:
         """Hand a claimed preparation back; True if it is still under way (it then joins the
         idle sets when done)."""
         with self._lock:
@@ -256,23 +246,6 @@ def _fits(buffer: torch.Tensor, nbytes: int, pinned: bool) -> bool:
     return buffer.numel() >= nbytes and (buffer.is_pinned() or not pinned)
 
 
-def allocate_faulted(nbytes: int, *, pinned: bool) -> torch.Tensor:
-    """A flat uint8 buffer of ``nbytes`` whose pages are all mapped already.
-
-    Pinned memory (with CUDA) is mapped when it is page-locked. Pageable memory is an
-    anonymous private mapping populated by the kernel in one call (``MAP_POPULATE``: no page
-    fault per page, and the GIL is released meanwhile); where that flag does not exist, the
-    pages are touched by writing zeros.
-    """
-    if pinned and torch.cuda.is_available():
-        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-    populate = getattr(mmap, "MAP_POPULATE", None)
-    if populate is None or nbytes == 0:
-        return torch.zeros(nbytes, dtype=torch.uint8)
-    mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | populate)
-    return torch.frombuffer(mapping, dtype=torch.uint8)
-
-
 class BufferLease:
     """One buffer set, held from lease to ``give_back``. Without a pool, a one-off buffer."""
 
@@ -283,7 +256,7 @@ class BufferLease:
         pinned: bool,
         pool: BufferPool | None = None,
         buffer: torch.Tensor | None = None,
-        preparation: _Preparation | None = None,
+        preparation: Preparation | None = None,
     ) -> None:
         self.nbytes = nbytes
         self.pinned = pinned
