@@ -15,7 +15,7 @@ import transformers.conversion_mapping
 
 from actorsys import CheckpointEvalFn, ConfigError, EvalConfig, EvalSupervisor, MemorySink
 from actorsys.contracts import RolloutFnEvalInput, RolloutFnEvalOutput
-from actorsys.snapshot import _conversions, capture, write_snapshot
+from actorsys.snapshot import PoolStatistics, _conversions, capture, write_snapshot
 from bridge import AsyncEvalBridge, EvalBridge
 
 from .snapshot_models import tiny_llama, tiny_mixtral
@@ -152,7 +152,7 @@ async def test_prepare_refuses_bad_arguments_naming_them(tmp_path):
         with pytest.raises(ConfigError) as caught:
             await sup.prepare(state_dict={"w": [1.0]})  # type: ignore[dict-item]
         assert caught.value.field == "state_dict"
-        assert sup.statistics().buffers == sup.statistics().buffers.__class__(
+        assert sup.statistics().buffers == PoolStatistics(
             sets=0, free=0, leases=0, allocations=0, free_nbytes=0
         )
 
