@@ -62,6 +62,7 @@ class Wiring:
             restarts=self.actors.restarts,
             gave_up=self.admission.gave_up is not None,
             closed=self.admission.closing,
+            buffers=self.buffers.statistics(),
         )
 
     def give_up(self, exc: Exception) -> None:
@@ -98,7 +99,9 @@ def wire(
             log.info("removed %s left by an earlier run", path)
     flight = Flight()
     tracker = ThreadTracker()
-    buffers = BufferPool(config.max_in_flight, on_free=flight.wake_from_any_thread)
+    buffers = BufferPool(
+        config.max_in_flight, on_free=flight.wake_from_any_thread, prepare_spares=True
+    )
     export_send, export_recv = trio.open_memory_channel[Point](math.inf)
     pin_send, pin_recv = trio.open_memory_channel[Point](math.inf)
     eval_send, eval_recv = trio.open_memory_channel[Point](math.inf)

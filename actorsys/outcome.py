@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from actorsys.snapshot import PoolStatistics
 
 Status = Literal["ok", "skipped"]
 
@@ -80,3 +83,5 @@ class SupervisorStatistics:
     restarts: int
     gave_up: bool
     closed: bool
+    buffers: PoolStatistics | None = None
+    """The weight buffer pool's statistics (sets faulted in, reused, prepared)."""

@@ -37,7 +37,7 @@ from actorsys.config import EvalConfig
 from actorsys.fleet import Fleet
 from actorsys.outcome import CloseReport, DrainReport, SupervisorStatistics
 from actorsys.sinks import Sink
-from actorsys.snapshot import CapturedWeights, capture
+from actorsys.snapshot import CapturedWeights, PoolStatistics, capture, prepare_weights
 
 log = logging.getLogger("actorsys")
 
@@ -116,6 +116,27 @@ class EvalSupervisor:
         if self._wiring is None:
             raise SupervisorClosedError("the supervisor is not running; use EvalSupervisor.open")
         return self._wiring
+
+    async def prepare(
+        self,
+        *,
+        model: torch.nn.Module | None = None,
+        state_dict: Mapping[str, torch.Tensor] | None = None,
+    ) -> PoolStatistics:
+        """Optional, once before the first point: get ready for ``submit`` of these weights, so
+        that the first point costs the trainer what a later one does. Copies nothing.
+
+        Plans the weights in this thread (cheap), then, in a worker thread: looks up whether
+        transformers converts the model's weights on save, and allocates and faults in
+        ``max_in_flight`` buffer sets of the right size. Blocks this task until that is done
+        (about one copy of the weights into fresh memory per set), never the trio thread.
+        Cancelling returns at once; the sets being prepared still join the pool. Returns the
+        pool's statistics. Raises :class:`~actorsys.ConfigError` naming a bad argument.
+        """
+        wiring = self._running()
+        return await prepare_weights(
+            wiring.buffers, wiring.tracker, model=model, state_dict=state_dict
+        )
 
     # -- admission -------------------------------------------------------------------------
 

@@ -33,7 +33,9 @@ from typing import Any
 import torch
 
 from actorsys._submit import SubmitRequest
+from actorsys.config import require_seconds
 from actorsys.outcome import CloseReport, DrainReport
+from actorsys.snapshot import PoolStatistics
 from bridge._budgets import drains_on_exit
 from bridge._host_loop import on_host_loop
 from bridge._runtime import BridgeBase
@@ -123,6 +125,24 @@ class AsyncEvalBridge(BridgeBase):
             raise
         return rt.copy_and_launch(call, bound, request.weights_source)
 
+    async def prepare(
+        self,
+        *,
+        model: torch.nn.Module | None = None,
+        state_dict: Mapping[str, torch.Tensor] | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - a budget is the bridge's job
+    ) -> PoolStatistics | None:
+        """As :meth:`bridge.EvalBridge.prepare`; the wait suspends only this task, and
+        cancelling it leaves the preparation going on in the background."""
+        require_seconds("timeout", timeout, optional=True, allow_zero=True)
+        rt = self._rt
+        call = rt.post_prepare({"model": model, "state_dict": state_dict})
+        try:
+            await self._wait(call.future, timeout)
+        except BaseException:
+            call.abandon()
+            raise
+        return rt.take_prepared(call)
 
     async def drain(self, timeout: float | None = None) -> DrainReport:  # noqa: ASYNC109
         """As :meth:`bridge.EvalBridge.drain`; suspends only this task."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import trio
@@ -22,7 +22,7 @@ from actorsys.config import EvalConfig, require_seconds
 from actorsys.outcome import CloseReport, DrainReport, SupervisorStatistics
 from actorsys.sinks import Sink
 from actorsys.sinks_fanout import as_sink
-from actorsys.snapshot import CapturedWeights
+from actorsys.snapshot import CapturedWeights, PoolStatistics
 from actorsys.supervisor import Reservation
 from bridge._budgets import trio_share
 from bridge._calls import Call, answer
@@ -140,6 +140,33 @@ class Runtime:
     def note_step(self, step: int) -> None:
         self.trio.post(Command(lambda nursery: self.trio.supervisor.note_step(step)))
 
+    # -- prepare -----------------------------------------------------------------------
+
+    def post_prepare(self, sources: Mapping[str, Any]) -> Call[PoolStatistics]:
+        """Ask the supervisor to prepare for ``sources`` (``model`` / ``state_dict``)."""
+        if self._close_call is not None or not self.trio.running:
+            raise self.closed_error()
+        call: Call[PoolStatistics] = Call("prepare")
+
+        def run(nursery: trio.Nursery) -> None:
+            nursery.start_soon(self._prepare, call, dict(sources))
+
+        def refuse() -> None:
+            call.fail(self.closed_error())
+
+        self.trio.post(Command(run, refuse))
+        return call
+
+    def take_prepared(self, call: Call[PoolStatistics]) -> PoolStatistics | None:
+        """The answer to a prepare whose wait ended; None if it ran out of time (the
+        preparation goes on in the background)."""
+        future = call.abandon()
+        if future is not None:
+            return answer(future)
+        if self.trio.finished.done():
+            raise self.closed_error()
+        return None
+
     # -- drain and close ---------------------------------------------------------------
 
     def post_drain(self, timeout: float | None) -> Call[DrainReport]:
@@ -235,6 +262,17 @@ class Runtime:
         if not call.deliver(reservation) and reservation is not None:
             sup.release(reservation)
         self.trio.publish()
+
+    async def _prepare(self, call: Call[PoolStatistics], sources: dict[str, Any]) -> None:
+        with trio.CancelScope() as scope:
+            call.on_abandon(lambda: self.trio.post(Command(lambda nursery: scope.cancel())))
+            try:
+                statistics = await self.trio.supervisor.prepare(**sources)
+            except Exception as exc:
+                call.fail(exc)
+                return
+        if not scope.cancelled_caught:
+            call.deliver(statistics)
 
     async def _drain(self, call: Call[DrainReport], budget: float | None) -> None:
         call.deliver(await self.trio.supervisor.drain(budget))

@@ -23,7 +23,9 @@ from typing import Any
 import torch
 
 from actorsys._submit import SubmitRequest
+from actorsys.config import require_seconds
 from actorsys.outcome import CloseReport, DrainReport
+from actorsys.snapshot import PoolStatistics
 from bridge._budgets import drains_on_exit
 from bridge._runtime import BridgeBase
 
@@ -118,6 +120,31 @@ class EvalBridge(BridgeBase):
             raise
         return rt.copy_and_launch(call, bound, request.weights_source)
 
+    def prepare(
+        self,
+        *,
+        model: torch.nn.Module | None = None,
+        state_dict: Mapping[str, torch.Tensor] | None = None,
+        timeout: float | None = None,
+    ) -> PoolStatistics | None:
+        """Optional, once before the first ``submit``: get ready for these weights, so that
+        the first point costs what a later one does. Copies nothing.
+
+        As :meth:`actorsys.EvalSupervisor.prepare`: the weights are planned (on the trio
+        thread, while this thread waits), then the buffer sets are faulted in by a worker
+        thread. Blocks this thread until they are, for at most ``timeout`` seconds (None: no
+        bound); returns the pool's statistics, or None if the wait ran out (the preparation
+        goes on in the background). An interrupt ends the wait the same way.
+        """
+        require_seconds("timeout", timeout, optional=True, allow_zero=True)
+        rt = self._rt
+        call = rt.post_prepare({"model": model, "state_dict": state_dict})
+        try:
+            wait_any([call.future, rt.trio.finished], timeout)
+        except BaseException:
+            call.abandon()
+            raise
+        return rt.take_prepared(call)
 
     def drain(self, timeout: float | None = None) -> DrainReport:
         """Wait until the points in flight now have settled, for at most ``timeout`` seconds

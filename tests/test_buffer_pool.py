@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ import torch
 from actorsys.snapshot import (
     BufferPool,
     WeightsReleasedError,
+    _pool,
     _safetensors,
     capture,
     plan_state,
@@ -132,3 +134,122 @@ def test_a_failed_copy_gives_its_lease_back():
     with pytest.raises(ValueError, match="lease holds 64"):
         capture(tiny_llama(), buffers=lease)
     assert pool.try_lease(64, pinned=False) is not None
+
+
+def test_prepare_faults_in_every_set_before_any_copy_and_the_copy_reuses_them():
+    model = tiny_llama()
+    plan = plan_state(model)
+    pool = BufferPool(2)
+
+    assert pool.prepare(plan.buffer_nbytes, pinned=False) == 2
+    stats = pool.statistics()
+    assert (stats.sets, stats.free, stats.prepared, stats.allocations) == (2, 2, 2, 0)
+    prepared = {b.data_ptr() for b in pool._free}
+
+    weights = capture(model, buffers=lease_for(pool, model))
+    assert pool.statistics().allocations == 0
+    assert next(iter(weights.tensors.values())).data_ptr() in prepared
+    weights.release()
+    assert pool.prepare(plan.buffer_nbytes, pinned=False) == 0
+
+
+def test_prepare_replaces_idle_sets_too_small_for_the_weights():
+    pool = BufferPool(2)
+    small = pool.try_lease(1024, pinned=False)
+    assert small is not None
+    small.buffer()
+    small.give_back()
+
+    assert pool.prepare(4096, pinned=False) == 2
+    stats = pool.statistics()
+    assert (stats.sets, stats.free, stats.free_nbytes) == (2, 2, 2 * 4096)
+
+
+class HeldPreparation:
+    """``allocate_faulted`` that waits for the test to let it finish."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        real = _pool.allocate_faulted
+
+        def held(nbytes: int, *, pinned: bool) -> torch.Tensor:
+            self.entered.set()
+            assert self.release.wait(10)
+            return real(nbytes, pinned=pinned)
+
+        monkeypatch.setattr(_pool, "allocate_faulted", held)
+
+
+@pytest.mark.timeout(20)
+def test_a_lease_takes_a_set_still_being_prepared_and_its_copy_waits_for_it(monkeypatch):
+    model = tiny_llama()
+    plan = plan_state(model)
+    held = HeldPreparation(monkeypatch)
+    pool = BufferPool(1)
+    preparing = threading.Thread(target=pool.prepare, args=(plan.buffer_nbytes,),
+                                 kwargs={"pinned": False})
+    preparing.start()
+    assert held.entered.wait(10)
+    assert pool.statistics().preparing == 1
+
+    lease = lease_for(pool, model)
+    copied = []
+    copying = threading.Thread(target=lambda: copied.append(capture(model, buffers=lease)))
+    copying.start()
+    held.release.set()
+    copying.join(10)
+    preparing.join(10)
+
+    stats = pool.statistics()
+    assert (stats.sets, stats.prepared, stats.allocations, stats.preparing) == (1, 1, 0, 0)
+    copied[0].release()
+    assert pool.statistics().free == 1
+
+
+@pytest.mark.timeout(20)
+def test_a_lease_given_back_before_its_set_is_prepared_leaves_the_set_to_the_pool(monkeypatch):
+    held = HeldPreparation(monkeypatch)
+    freed = []
+    pool = BufferPool(1, on_free=lambda: freed.append(True))
+    preparing = threading.Thread(target=pool.prepare, args=(4096,), kwargs={"pinned": False})
+    preparing.start()
+    assert held.entered.wait(10)
+    lease = pool.try_lease(4096, pinned=False)
+    assert lease is not None
+
+    lease.give_back()
+    held.release.set()
+    preparing.join(10)
+
+    stats = pool.statistics()
+    assert (stats.sets, stats.free, stats.prepared, stats.allocations) == (1, 1, 1, 0)
+    assert freed == [True]
+
+
+@pytest.mark.timeout(20)
+def test_the_first_copy_prepares_the_other_sets_in_the_background():
+    model = tiny_llama()
+    pool = BufferPool(3, prepare_spares=True)
+
+    first = capture(model, buffers=lease_for(pool, model))
+    pool.wait_prepared()
+
+    stats = pool.statistics()
+    assert (stats.sets, stats.free, stats.prepared, stats.allocations) == (3, 2, 2, 1)
+    second = capture(model, buffers=lease_for(pool, model))
+    third = capture(model, buffers=lease_for(pool, model))
+    assert pool.statistics().allocations == 1
+    for weights in (first, second, third):
+        weights.release()
+    assert pool.prepare_spares(plan_state(model).buffer_nbytes, pinned=False) is None
+
+
+def test_a_pool_without_spares_prepares_nothing_on_its_own():
+    model = tiny_llama()
+    pool = BufferPool(2)
+
+    capture(model, buffers=lease_for(pool, model)).release()
+    pool.wait_prepared()
+
+    assert pool.statistics().prepared == 0

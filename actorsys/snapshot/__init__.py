@@ -4,11 +4,13 @@
 leased from a :class:`BufferPool` (pinned when the weights live on CUDA). ``write_snapshot``
 runs in a worker thread: safetensors shards (+ index), config, generation config and the
 non-weight files of ``base_checkpoint``, every file fsync'd. ``CapturedWeights.release``
-returns the buffers to the pool, once no writer reads them any more.
+returns the buffers to the pool, once no writer reads them any more. ``prepare_weights`` gets
+the pool ready for given weights ahead of the first point (the supervisor's ``prepare``).
 """
 
 from actorsys.snapshot._capture import CapturedWeights, WeightsReleasedError, capture
 from actorsys.snapshot._pool import BufferLease, BufferPool, PoolStatistics
+from actorsys.snapshot._prepare import prepare_weights
 from actorsys.snapshot._state import Source, StatePlan, plan_state
 from actorsys.snapshot._write import (
     CONFIG_NAME,
@@ -46,6 +48,7 @@ __all__ = [
     "capture",
     "copy_non_weight_files",
     "plan_state",
+    "prepare_weights",
     "weights_nbytes",
     "write_snapshot",
     "write_weights",

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from actorsys._errors import ActorsysError
+from actorsys.snapshot import _conversions
 from actorsys.snapshot._pool import BufferLease
 from actorsys.snapshot._state import Source, aligned, plan_state, tensor_nbytes
 
@@ -44,6 +45,7 @@ class CapturedWeights:
         generation_config: Any = None,
         num_parameters: int | None = None,
         converter: torch.nn.Module | None = None,
+        conversion_candidate: torch.nn.Module | None = None,
     ) -> None:
         self.tensors = tensors
         self.nbytes = nbytes
@@ -53,6 +55,7 @@ class CapturedWeights:
             num_parameters = sum(t.numel() for t in tensors.values())
         self.num_parameters = num_parameters
         self.converter = converter
+        self.conversion_candidate = conversion_candidate
         self._lease = lease
         self._lock = threading.Lock()
         self._readers = 0
@@ -89,7 +92,17 @@ class CapturedWeights:
         if self._released:
             raise WeightsReleasedError("the weights were released during the write")
 
+    def resolve_converter(self) -> torch.nn.Module | None:
+        """``converter``, deciding first if capture left it open. Blocking (the first time per
+        model class in a process, transformers builds its conversion table): call it in the
+        writing thread."""
+        candidate, self.conversion_candidate = self.conversion_candidate, None
+        if candidate is not None and _conversions.resolve(candidate):
+            self.converter = candidate
+        return self.converter
+
     def _give_back(self) -> None:
+        self.conversion_candidate = None
         self.tensors = {}
         if self._lease is not None:
             self._lease.give_back()
@@ -100,7 +113,9 @@ def capture(source: Source, *, buffers: BufferLease | None = None) -> CapturedWe
 
     Blocks the calling thread for one copy of the weights; afterwards the caller may change
     them freely. With ``buffers`` (a lease from the supervisor's pool) the copy goes into
-    reused memory; without, into fresh memory. Tensors on CUDA are copied asynchronously into
+    reused memory (waiting for it if the pool is still faulting it in); without, into fresh
+    memory. Per-class metadata transformers is slow to compute is only looked up here, never
+    computed (see ``_conversions``). Tensors on CUDA are copied asynchronously into
     the (pinned) set, then each CUDA device's current stream is synchronised once. Raises
     ``TypeError`` / ``ValueError`` naming an entry that cannot be written; the lease is given
     back on any error.
@@ -114,6 +129,7 @@ def capture(source: Source, *, buffers: BufferLease | None = None) -> CapturedWe
                 f"{lease.nbytes}; did the model change between reserve and capture?"
             )
         tensors = _copy_into(plan.entries, lease.buffer()) if plan.entries else {}
+        lease.prepare_spares()
         weights = CapturedWeights(tensors, nbytes=plan.nbytes, lease=lease)
         if plan.model is not None:
             _capture_model_files(plan.model, weights)
@@ -165,22 +181,8 @@ def _capture_model_files(model: torch.nn.Module, weights: CapturedWeights) -> No
     num_parameters = getattr(model, "num_parameters", None)
     if callable(num_parameters):
         weights.num_parameters = int(num_parameters())
-    if _has_weight_conversions(model):
+    has_conversions = _conversions.known(model)
+    if has_conversions is None:
+        weights.conversion_candidate = model
+    elif has_conversions:
         weights.converter = model
-
-
-def _has_weight_conversions(model: Any) -> bool:
-    """Whether transformers' ``save_pretrained`` would revert weight conversions for ``model``
-    (the check ``revert_weight_conversion`` starts with)."""
-    try:
-        from transformers.conversion_mapping import get_model_conversion_mapping
-        from transformers.core_model_loading import PrefixChange
-    except ImportError:
-        return False
-    conversions = getattr(model, "_weight_conversions", None)
-    if conversions is None:
-        conversions = [
-            c for c in get_model_conversion_mapping(model, add_legacy=False)
-            if not isinstance(c, PrefixChange)
-        ]
-    return bool(conversions)

@@ -7,69 +7,101 @@ save it replaces, so each point leases a buffer set that earlier points already 
 A set is one flat byte buffer; the capture lays the tensors out in it. Sets for weights that
 live on CUDA are pinned (page-locked), so device-to-host copies run asynchronously.
 
+Sets can also be *prepared*: allocated and faulted in ahead of any copy, by ``prepare`` (which
+blocks its caller) or by ``prepare_spares`` (in a background thread, once the first copy
+showed how large a set must be). A lease that finds a set still being prepared takes it and
+waits for it at ``BufferLease.buffer``, never longer than faulting the set in itself.
+
 The pool is thread-safe: the trainer's thread (or a host thread) leases and fills a set, the
-trio thread releases it, and an export thread abandoned at a timeout may be the last to let go.
+trio thread releases it, an export thread abandoned at a timeout may be the last to let go,
+and a preparing thread adds sets.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from actorsys.snapshot._memory import Preparation, allocate_faulted
+
+log = logging.getLogger("actorsys")
+
 
 @dataclass(frozen=True)
 class PoolStatistics:
-    """``sets``: buffer sets alive or promised to a lease; ``free``: of those, idle;
-    ``leases``: leases granted so far; ``allocations``: sets allocated so far (a lease that
-    reuses a set allocates nothing); ``free_nbytes``: bytes held by idle sets."""
+    """``sets``: buffer sets alive or promised to a lease; ``free``: of those, idle and faulted
+    in; ``leases``: leases granted so far; ``allocations``: sets a copy had to allocate itself
+    (a lease that reuses or takes a prepared set allocates nothing); ``prepared``: sets
+    allocated and faulted in ahead of any copy; ``preparing``: preparations under way;
+    ``free_nbytes``: bytes held by idle sets."""
 
     sets: int
     free: int
     leases: int
     allocations: int
     free_nbytes: int
+    prepared: int = 0
+    preparing: int = 0
 
 
 class BufferPool:
     """At most ``max_sets`` buffer sets, reused across leases.
 
-    ``on_free()`` is called (from whichever thread gives a set back) each time a set becomes
-    available, so a waiter elsewhere can try again.
+    ``on_free()`` is called (from whichever thread gives a set back or finishes preparing one)
+    each time a set becomes available, so a waiter elsewhere can try again. With
+    ``prepare_spares``, the first copy into a set of a new size starts a background thread that
+    prepares the other sets at that size, so a later point never faults memory in.
     """
 
-    def __init__(self, max_sets: int, *, on_free: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        max_sets: int,
+        *,
+        on_free: Callable[[], None] | None = None,
+        prepare_spares: bool = False,
+    ) -> None:
         if max_sets < 1:
             raise ValueError(f"BufferPool(max_sets): expected an integer >= 1, got {max_sets!r}")
         self.max_sets = max_sets
+        self.prepares_spares = prepare_spares
         self._on_free = on_free
         self._lock = threading.Lock()
         self._free: list[torch.Tensor] = []
+        self._preparing: list[Preparation] = []
+        self._preparer: threading.Thread | None = None
         self._sets = 0
         self._leases = 0
         self._allocations = 0
+        self._prepared = 0
         self._closed = False
 
     def try_lease(self, nbytes: int, *, pinned: bool) -> BufferLease | None:
         """A lease on a set of at least ``nbytes``, or None when every set is leased.
 
-        Never blocks. Prefers the smallest idle set that fits; an idle set that does not fit
-        (too small, or pageable where pinned is wanted) is dropped and replaced, so the pool
-        never holds more than ``max_sets`` sets. The memory of a new set is allocated by
-        ``BufferLease.buffer``, in the thread that copies into it.
+        Never blocks. Prefers the smallest idle set that fits, then a set being prepared that
+        fits; an idle set that does not fit (too small, or pageable where pinned is wanted) is
+        dropped and replaced, so the pool never holds more than ``max_sets`` sets. The memory
+        of a new set is allocated by ``BufferLease.buffer``, in the thread that copies into it.
         """
         with self._lock:
             if self._closed:
                 return None
-            fitting = [
-                b for b in self._free if b.numel() >= nbytes and (b.is_pinned() or not pinned)
-            ]
+            fitting = [b for b in self._free if _fits(b, nbytes, pinned)]
             reused: torch.Tensor | None = None
+            preparation: Preparation | None = None
             if fitting:
                 reused = min(fitting, key=lambda b: b.numel())
                 self._free.remove(reused)
+            elif claimable := [
+                p for p in self._preparing
+                if not p.claimed and p.nbytes >= nbytes and (p.pinned or not pinned)
+            ]:
+                preparation = claimable[0]
+                preparation.claimed = True
             elif self._sets < self.max_sets:
                 self._sets += 1
             elif self._free:
@@ -77,10 +109,58 @@ class BufferPool:
             else:
                 return None
             self._leases += 1
-        return BufferLease(nbytes, pinned=pinned, pool=self, buffer=reused)
+        return BufferLease(nbytes, pinned=pinned, pool=self, buffer=reused, preparation=preparation)
+
+    def prepare(self, nbytes: int, *, pinned: bool) -> int:
+        """Make every set of the pool one of at least ``nbytes``, allocated and faulted in.
+
+        Blocks the calling thread for the allocations (page faults: about one copy of
+        ``nbytes`` into fresh memory per set), and until preparations already under way are
+        done. Idle sets that do not fit are replaced; leased sets are left alone. Returns how
+        many sets this call prepared.
+        """
+        made = 0
+        while (preparation := self._start_preparation(nbytes, pinned)) is not None:
+            self._run_preparation(preparation)
+            made += 1
+        with self._lock:
+            pending = [p for p in self._preparing if p.nbytes >= nbytes]
+        for preparation in pending:
+            preparation.done.wait()
+        return made
+
+    def prepare_spares(self, nbytes: int, *, pinned: bool) -> threading.Thread | None:
+        """Start ``prepare(nbytes)`` in a background daemon thread, unless one runs or every
+        set already fits. Never blocks. Returns the thread started, if any."""
+        with self._lock:
+            if self._closed or (self._preparer is not None and self._preparer.is_alive()):
+                return None
+            fitting = sum(_fits(b, nbytes, pinned) for b in self._free) + sum(
+                p.nbytes >= nbytes and (p.pinned or not pinned) for p in self._preparing
+            )
+            leased = self._sets - len(self._free) - len(self._preparing)
+            if fitting + leased >= self.max_sets:
+                return None
+            thread = threading.Thread(
+                target=self._prepare_quietly,
+                args=(nbytes, pinned),
+                name="actorsys buffer preparation",
+                daemon=True,
+            )
+            self._preparer = thread
+        thread.start()
+        return thread
+
+    def wait_prepared(self) -> None:
+        """Block until the background preparation (if any) is done."""
+        with self._lock:
+            thread = self._preparer
+        if thread is not None:
+            thread.join()
 
     def close(self) -> None:
-        """Drop the idle sets; sets still leased are dropped when given back."""
+        """Drop the idle sets; sets still leased (or being prepared) are dropped when given
+        back (or done)."""
         with self._lock:
             self._closed = True
             self._sets -= len(self._free)
@@ -94,7 +174,59 @@ class BufferPool:
                 leases=self._leases,
                 allocations=self._allocations,
                 free_nbytes=sum(b.numel() for b in self._free),
+                prepared=self._prepared,
+                preparing=len(self._preparing),
             )
+
+    def _start_preparation(self, nbytes: int, pinned: bool) -> Preparation | None:
+        with self._lock:
+            if self._closed:
+                return None
+            if self._sets < self.max_sets:
+                self._sets += 1
+            else:
+                unfit = [b for b in self._free if not _fits(b, nbytes, pinned)]
+                if not unfit:
+                    return None
+                self._free.remove(min(unfit, key=lambda b: b.numel()))
+            preparation = Preparation(nbytes, pinned)
+            self._preparing.append(preparation)
+            return preparation
+
+    def _run_preparation(self, preparation: Preparation) -> None:
+        buffer: torch.Tensor | None = None
+        try:
+            buffer = allocate_faulted(preparation.nbytes, pinned=preparation.pinned)
+        finally:
+            with self._lock:
+                self._preparing.remove(preparation)
+                if buffer is not None:
+                    self._prepared += 1
+                preparation.buffer = buffer
+                claimed = preparation.claimed
+                if not claimed:
+                    if buffer is not None and not self._closed:
+                        self._free.append(buffer)
+                    else:
+                        self._sets -= 1
+            preparation.done.set()
+        if not claimed and self._on_free is not None:
+            self._on_free()
+
+    def _prepare_quietly(self, nbytes: int, pinned: bool) -> None:
+        try:
+            self.prepare(nbytes, pinned=pinned)
+        except Exception:
+            log.warning("preparing weight buffers in the background failed", exc_info=True)
+
+    def _unclaim(self, preparation: Preparation) -> bool:
+        """Hand a claimed preparation back; True if it is still under way (it then joins the
+        idle sets when done)."""
+        with self._lock:
+            if preparation in self._preparing:
+                preparation.claimed = False
+                return True
+            return False
 
     def _allocated(self) -> None:
         with self._lock:
@@ -110,6 +242,10 @@ class BufferPool:
             self._on_free()
 
 
+def _fits(buffer: torch.Tensor, nbytes: int, pinned: bool) -> bool:
+    return buffer.numel() >= nbytes and (buffer.is_pinned() or not pinned)
+
+
 class BufferLease:
     """One buffer set, held from lease to ``give_back``. Without a pool, a one-off buffer."""
 
@@ -120,23 +256,37 @@ class BufferLease:
         pinned: bool,
         pool: BufferPool | None = None,
         buffer: torch.Tensor | None = None,
+        preparation: Preparation | None = None,
     ) -> None:
         self.nbytes = nbytes
         self.pinned = pinned
         self._pool = pool
         self._buffer = buffer
+        self._preparation = preparation
         self._lock = threading.Lock()
         self._returned = False
+
+    @property
+    def fresh(self) -> bool:
+        """Whether this lease got no set faulted in ahead: its copy faults the memory in."""
+        return self._buffer is None and self._preparation is None
 
     def buffer(self) -> torch.Tensor:
         """The leased set as a flat uint8 tensor of at least ``nbytes``.
 
-        Allocates it on first use when the lease got no idle set: pinned memory when the lease
-        asked for it (needs CUDA), else ordinary memory.
+        Waits for the set if the lease took one still being prepared. Allocates it on first
+        use when the lease got no set: pinned memory when the lease asked for it (needs
+        CUDA), else ordinary memory, which the copy then faults in.
         """
+        preparation = self._preparation
+        if preparation is not None:
+            preparation.done.wait()
         with self._lock:
             if self._returned:
                 raise RuntimeError("this buffer lease was given back")
+            if self._buffer is None and preparation is not None:
+                self._buffer = preparation.buffer
+                self._preparation = None
             if self._buffer is None:
                 pin = self.pinned and torch.cuda.is_available()
                 self._buffer = torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=pin)
@@ -144,13 +294,26 @@ class BufferLease:
                     self._pool._allocated()
             return self._buffer
 
+    def prepare_spares(self) -> None:
+        """After a copy into this set: let the pool prepare its other sets at this size, in
+        the background, if it is set up to. Never blocks."""
+        pool = self._pool
+        if pool is not None and pool.prepares_spares:
+            pool.prepare_spares(self.nbytes, pinned=self.pinned)
+
     def give_back(self) -> None:
         """Return the set to its pool (or free it). Idempotent; the caller must hold no view of
-        the set any more."""
+        the set any more. Never blocks: a set still being prepared goes to the pool when done."""
         with self._lock:
             if self._returned:
                 return
             self._returned = True
             buffer, self._buffer = self._buffer, None
-        if self._pool is not None:
-            self._pool._give_back(buffer)
+            preparation, self._preparation = self._preparation, None
+        if self._pool is None:
+            return
+        if buffer is None and preparation is not None:
+            if self._pool._unclaim(preparation):
+                return
+            buffer = preparation.buffer
+        self._pool._give_back(buffer)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -56,7 +56,7 @@ def plan_state(source: Source) -> StatePlan:
     if model is not None:
         for name in getattr(model, "_keys_to_ignore_on_save", None) or ():
             state.pop(name, None)
-        _drop_tied_duplicates(state, _tied_patterns(model))
+        _drop_tied_duplicates(state, lambda: _tied_patterns(model))
     nbytes = sum(tensor_nbytes(t) for t in state.values())
     buffer_nbytes = sum(aligned(tensor_nbytes(t)) for t in state.values())
     on_cuda = any(t.device.type == "cuda" for t in state.values())
@@ -116,22 +116,28 @@ def _tied_patterns(model: torch.nn.Module) -> list[str]:
     return patterns
 
 
-def _drop_tied_duplicates(state: dict[str, torch.Tensor], patterns: list[str]) -> None:
+def _drop_tied_duplicates(
+    state: dict[str, torch.Tensor], tied_patterns: Callable[[], list[str]]
+) -> None:
     """Drop the declared tied names of tensors that are the very same view of one storage.
 
     Follows transformers' ``remove_tied_weights_from_state_dict``: within a group sharing a
     storage, sorted names matching a tied pattern are dropped, always keeping one name. Unlike
     it, a name is dropped only when another kept name is the identical view (same offset,
     dtype, shape and stride): anything else is copied separately and so written exactly.
+    The patterns are read (a walk over every module) only if some storage is shared.
     """
     by_storage: dict[tuple[torch.device, int], list[str]] = defaultdict(list)
     for name, tensor in state.items():
         storage = tensor.untyped_storage()
         if storage.nbytes() > 0:
             by_storage[(tensor.device, storage.data_ptr())].append(name)
+    patterns: list[str] | None = None
     for names in by_storage.values():
         if len(names) < 2:
             continue
+        if patterns is None:
+            patterns = tied_patterns()
         to_drop: set[str] = set()
         found = 0
         for name in sorted(names):

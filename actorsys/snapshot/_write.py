@@ -69,8 +69,9 @@ def _write(
     if weights.generation_config is not None:
         weights.generation_config.save_pretrained(directory)
     tensors: Mapping[str, torch.Tensor] = weights.tensors
-    if weights.converter is not None:
-        tensors = _revert_weight_conversion(weights.converter, tensors)
+    converter = weights.resolve_converter()
+    if converter is not None:
+        tensors = _revert_weight_conversion(converter, tensors)
     write_weights(
         tensors,
         directory,

@@ -1,0 +1,72 @@
+"""Getting ready for the first point ahead of it: plan the weights, learn whether transformers
+converts them on save, and fault the pool's buffer sets in, without copying anything.
+
+Without it the first point pays what later points do not: transformers' per-class conversion
+table (looked up off the trainer's thread anyway, see ``_conversions``) and page faults on
+fresh buffers (after the first copy the pool faults its other sets in the background, see
+``_pool``). With it, the first point costs what a later one does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+import trio
+
+from actorsys._errors import ConfigError
+from actorsys.runtime import ThreadTracker, run_blocking
+from actorsys.snapshot import _conversions
+from actorsys.snapshot._pool import BufferPool, PoolStatistics
+from actorsys.snapshot._state import Source, StatePlan, plan_state
+
+
+def plan_source(
+    model: torch.nn.Module | None, state_dict: Mapping[str, torch.Tensor] | None
+) -> StatePlan:
+    """Plan exactly one of ``model`` / ``state_dict`` (as ``submit`` will); cheap, in the
+    caller's thread. Raises :class:`~actorsys.ConfigError` naming the argument at fault."""
+    if (model is None) == (state_dict is None):
+        raise ConfigError("prepare", "pass exactly one of model= or state_dict=")
+    if model is not None and not isinstance(model, torch.nn.Module):
+        raise ConfigError("model", f"expected a torch.nn.Module, got {type(model).__name__}")
+    if state_dict is not None and not isinstance(state_dict, Mapping):
+        kind = type(state_dict).__name__
+        raise ConfigError("state_dict", f"expected a mapping of tensors, got {kind}")
+    source: Source = model if model is not None else state_dict  # type: ignore[assignment]
+    try:
+        return plan_state(source)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError("model" if model is not None else "state_dict", str(exc)) from exc
+
+
+def prepare_planned(pool: BufferPool, plan: StatePlan) -> PoolStatistics:
+    """The blocking half: conversions of the model's class, then every set of ``pool`` made
+    large enough for ``plan`` and faulted in. Run it in a worker thread."""
+    if plan.model is not None and callable(getattr(getattr(plan.model, "config", None),
+                                                   "save_pretrained", None)):
+        _conversions.resolve(plan.model)
+    pool.prepare(plan.buffer_nbytes, pinned=plan.on_cuda)
+    return pool.statistics()
+
+
+async def prepare_weights(
+    pool: BufferPool,
+    tracker: ThreadTracker,
+    *,
+    model: torch.nn.Module | None = None,
+    state_dict: Mapping[str, torch.Tensor] | None = None,
+) -> PoolStatistics:
+    """Plan in the caller's thread, then ``prepare_planned`` in a worker thread.
+
+    Blocks the calling task (not the trio thread) until every set is faulted in. Cancelling
+    returns at once; the preparation goes on in its thread and its sets still join the pool.
+    """
+    plan = plan_source(model, state_dict)
+    return await run_blocking(
+        lambda: prepare_planned(pool, plan),
+        abandon_on_cancel=True,
+        limiter=trio.CapacityLimiter(1),
+        description="preparing weight buffers",
+        tracker=tracker,
+    )
