@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-import transformers.conversion_mapping
+import transformers.conversion_mapping as conversion_mapping
 
 from actorsys import CheckpointEvalFn, ConfigError, EvalConfig, EvalSupervisor, MemorySink
 from actorsys.contracts import RolloutFnEvalInput, RolloutFnEvalOutput
@@ -32,13 +32,13 @@ class ListFiles(CheckpointEvalFn):
 def lookups(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     """The threads transformers' conversion lookup runs on, from an empty cache."""
     threads: list[int] = []
-    real = transformers.conversion_mapping.get_model_conversion_mapping
+    real = conversion_mapping.get_model_conversion_mapping
 
     def recorded(*args: object, **kwargs: object) -> object:
         threads.append(threading.get_ident())
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(transformers.conversion_mapping, "get_model_conversion_mapping", recorded)
+    monkeypatch.setattr(conversion_mapping, "get_model_conversion_mapping", recorded)
     _conversions.forget()
     yield threads
     _conversions.forget()
