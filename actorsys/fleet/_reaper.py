@@ -24,11 +24,21 @@ import time
 PR_SET_PDEATHSIG = 1
 
 
+def _exited(pid: int) -> bool:
+    """Whether the command has ended, without reaping it. ``Popen.poll`` cannot tell from
+    inside the SIGTERM handler: the interrupted ``Popen.wait`` holds its lock, so ``poll``
+    answers None until the grace runs out."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
 def _stop_group(child: subprocess.Popen[bytes], grace: float) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     os.killpg(0, signal.SIGTERM)
     deadline = time.monotonic() + grace
-    while child.poll() is None and time.monotonic() < deadline:
+    while not _exited(child.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     os.killpg(0, signal.SIGKILL)
 
