@@ -41,6 +41,7 @@ from actorsys.evals.sampling import check_datasets, check_limits, evaluate_datas
 from actorsys.fleet._http import check_url
 from actorsys.fleet._process import ManagedProcess, spawn
 from actorsys.fleet.engine import CheckpointRejectedError, EngineUnhealthyError, Fleet
+from actorsys.fleet.flavor import FLAVORS, Flavor, engine_of_flavor
 from actorsys.fleet.local import free_port
 from actorsys.fleet.sglang import SGLangEngine
 from actorsys.fleet.vllm import RELOAD, TIED_RELOAD, VLLMEngine
@@ -48,8 +49,6 @@ from actorsys.fleet.vllm_worker import EXTENSION_CLASS, WORKER_DIR
 
 log = logging.getLogger("actorsys.evals")
 
-Flavor = Literal["auto", "vllm", "sglang"]
-FLAVORS: tuple[Flavor, ...] = ("auto", "vllm", "sglang")
 POLL_INITIAL_DELAY = 0.25
 POLL_MAX_DELAY = 5.0
 STOP_GRACE = 5.0
@@ -222,21 +221,11 @@ class ServerEvalFn(CheckpointEvalFn):
         log.info("launched the eval server %s at %s (log %s)", argv[0], self.url, self.log_path)
 
     async def _detect(self, url: str) -> ServerClient:
-        if self.flavor != "auto":
-            return self.make_engine(self.flavor, url)
-        sglang = self.make_engine("sglang", url)
         try:
-            await sglang.weight_version()
-            return sglang
-        except EngineUnhealthyError:
-            pass
-        vllm = self.make_engine("vllm", url)
-        try:
-            await vllm.weight_version()
+            return await engine_of_flavor(self.flavor, lambda flavor: self.make_engine(flavor, url))
         except EngineUnhealthyError as exc:
             raise EvalSkip("unhealthy", f"{url} is neither an sglang server nor a vLLM server "
                            f"with its weight-update endpoints ({exc}); pass flavor=") from exc
-        return vllm
 
     async def _pin(self, engine: ServerClient, path: str, version: str) -> None:
         problem = "no answer"

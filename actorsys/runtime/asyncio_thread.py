@@ -11,7 +11,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-import trio
+from actorsys._concurrent import wait_future
 
 T = TypeVar("T")
 
@@ -55,23 +55,7 @@ class AsyncioThread:
         ``loop.call_soon_threadsafe`` and this returns at once, without waiting for it.
         """
         loop = self._ensure_started()
-        future = asyncio.run_coroutine_threadsafe(coro, loop)
-        done = trio.Event()
-        token = trio.lowlevel.current_trio_token()
-
-        def wake(_: object) -> None:
-            try:
-                token.run_sync_soon(done.set)
-            except trio.RunFinishedError:
-                pass
-
-        future.add_done_callback(wake)
-        try:
-            await done.wait()
-        except BaseException:
-            future.cancel()
-            raise
-        return future.result()
+        return await wait_future(asyncio.run_coroutine_threadsafe(coro, loop))
 
     def stop(self, timeout: float = 1.0) -> bool:
         """Stop the loop and join its thread for up to ``timeout`` s; True if it ended."""

@@ -8,16 +8,13 @@ import json
 import os
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Literal
 
 from actorsys.fleet.engine import EngineUnhealthyError, Fleet
+from actorsys.fleet.flavor import Flavor, engine_of_flavor
 from actorsys.fleet.local import VLLM_PYTHON, LocalFleet, embedded, vllm
 from actorsys.fleet.sglang import SGLangEngine
 from actorsys.fleet.vllm import VLLMEngine
 from actorsys.watch.scan import Checkpoint
-
-Flavor = Literal["auto", "vllm", "sglang"]
-FLAVORS: tuple[Flavor, ...] = ("auto", "vllm", "sglang")
 
 
 def split(engines: Sequence[object], fleets: int) -> list[list[object]]:
@@ -59,25 +56,16 @@ async def engine_for_url(url: str, flavor: Flavor, *, name: str) -> SGLangEngine
     """The client of the server at ``url``: sglang's API (also the embedded engine's) or
     vLLM's weight-update endpoints. Raises :class:`EngineUnhealthyError` if ``auto`` finds
     neither."""
-    if flavor == "sglang":
-        return SGLangEngine(url, name=name)
-    if flavor == "vllm":
-        return VLLMEngine(url, name=name)
-    sglang = SGLangEngine(url, name=name)
+    def make(kind: str) -> SGLangEngine | VLLMEngine:
+        return SGLangEngine(url, name=name) if kind == "sglang" else VLLMEngine(url, name=name)
+
     try:
-        await sglang.weight_version()
-        return sglang
-    except EngineUnhealthyError:
-        pass
-    engine = VLLMEngine(url, name=name)
-    try:
-        await engine.weight_version()
+        return await engine_of_flavor(flavor, make)
     except EngineUnhealthyError as exc:
         raise EngineUnhealthyError(
             name, f"{url} speaks neither sglang's API nor vLLM's weight-update endpoints ({exc}); "
             "pass --flavor"
         ) from exc
-    return engine
 
 
 def model_length(model_dir: str, cap: int = 512) -> int:
