@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +35,7 @@ from actorsys.outcome import SupervisorStatistics
 from actorsys.runtime import ActorSupervisor, ChildSpec, Restart, ThreadTracker
 from actorsys.sinks import Sink
 from actorsys.sinks_fanout import as_sink
-from actorsys.snapshot import BufferPool
+from actorsys.snapshot import BufferPool, prepare_like_checkpoint
 
 log = logging.getLogger("actorsys")
 
@@ -102,6 +103,8 @@ def wire(
     buffers = BufferPool(
         config.max_in_flight, on_free=flight.wake_from_any_thread, prepare_spares=True
     )
+    if config.base_checkpoint is not None:
+        prepare_like_checkpoint(buffers, os.fspath(config.base_checkpoint))
     export_send, export_recv = trio.open_memory_channel[Point](math.inf)
     pin_send, pin_recv = trio.open_memory_channel[Point](math.inf)
     eval_send, eval_recv = trio.open_memory_channel[Point](math.inf)

@@ -150,17 +150,35 @@ async def measure_points(model: PreTrainedModel, workdir: str, reps: int, out: R
     out.blocking = statistics.median(blocking[1:])
 
 
-async def first_point(prepared: bool, quick: bool, workdir: str) -> dict[str, float]:
-    """(4), in this (fresh) process: the first submit, optionally after ``prepare``, then
-    warm submits and blocking saves of the same model, medians of 3."""
+async def first_point(variant: str, quick: bool, workdir: str) -> dict[str, float]:
+    """(4), in this (fresh) process: the first submit, then warm submits and blocking saves of
+    the same model, medians of 3. ``variant``: ``plain``; ``prepared`` (after ``prepare``);
+    ``base`` (``base_checkpoint`` names the model the trainer starts from, and the first
+    submit comes once the buffers it sized are faulted in, as it does after a trainer's first
+    steps)."""
     torch.manual_seed(0)
     model = bench_model(quick)
-    config = EvalConfig(hf_dir=os.path.join(workdir, "hf"), max_in_flight=MAX_IN_FLIGHT)
+    base = None
+    if variant == "base":
+        base = os.path.join(workdir, "base")
+        model.save_pretrained(base)
+    config = EvalConfig(
+        hf_dir=os.path.join(workdir, "hf"), max_in_flight=MAX_IN_FLIGHT, base_checkpoint=base
+    )
     result: dict[str, float] = {}
     async with EvalSupervisor.open(config, eval_fn=CountFiles()) as sup:
-        if prepared:
+        if variant == "prepared":
             started = time.perf_counter()
             await sup.prepare(model=model)
+            result["prepare"] = time.perf_counter() - started
+        if variant == "base":
+            started = time.perf_counter()
+            with trio.fail_after(60):
+                while True:
+                    buffers = sup.statistics().buffers
+                    if buffers is not None and buffers.prepared >= MAX_IN_FLIGHT:
+                        break
+                    await trio.sleep(0.01)
             result["prepare"] = time.perf_counter() - started
         started = time.perf_counter()
         await sup.submit(0, model=model)
@@ -184,7 +202,7 @@ async def first_point(prepared: bool, quick: bool, workdir: str) -> dict[str, fl
 def first_points(runs: int, quick: bool, workdir: str) -> dict[str, list[dict[str, float]]]:
     """(4) in fresh processes, alternating the variants (the load of a shared machine
     drifts)."""
-    points: dict[str, list[dict[str, float]]] = {"plain": [], "prepared": []}
+    points: dict[str, list[dict[str, float]]] = {"plain": [], "prepared": [], "base": []}
     for _ in range(runs):
         for variant in points:
             command = [sys.executable, __file__, "--first-point", variant, "--dir", workdir]
@@ -335,7 +353,7 @@ def first_point_ratios(
 ) -> list[tuple[str, float, str, bool | None]]:
     """The first point against a warm one and the blocking save of its own process: the
     median over runs, and the worst run beside it."""
-    limits = {"plain": 2.5, "prepared": 1.2}
+    limits = {"plain": 2.5, "prepared": 1.2, "base": 2.5}
     ratios: list[tuple[str, float, str, bool | None]] = []
     for variant, runs in points.items():
         if not runs:
@@ -358,7 +376,7 @@ async def main() -> None:
     parser.add_argument("--loop-blocks", type=int, default=5, help="10-step blocks per variant")
     parser.add_argument("--quick", action="store_true", help="small model, few reps")
     parser.add_argument("--first-runs", type=int, default=3, help="fresh processes per variant")
-    parser.add_argument("--first-point", choices=["plain", "prepared"], help=argparse.SUPPRESS)
+    parser.add_argument("--first-point", choices=["plain", "prepared", "base"], help=argparse.SUPPRESS)
     parser.add_argument(
         "--threads", type=int, default=None, help="torch intra-op threads (default: torch's)"
     )
@@ -368,7 +386,7 @@ async def main() -> None:
     workdir = tempfile.mkdtemp(prefix="actorsys-bench-", dir=args.dir)
     if args.first_point is not None:
         try:
-            result = await first_point(args.first_point == "prepared", args.quick, workdir)
+            result = await first_point(args.first_point, args.quick, workdir)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
         print(json.dumps(result))

@@ -12,10 +12,20 @@ from collections.abc import Iterator
 import pytest
 import torch
 import transformers.conversion_mapping as conversion_mapping
+import trio
 
 from actorsys import CheckpointEvalFn, ConfigError, EvalConfig, EvalSupervisor, MemorySink
 from actorsys.contracts import RolloutFnEvalInput, RolloutFnEvalOutput
-from actorsys.snapshot import PoolStatistics, _conversions, capture, write_snapshot
+from actorsys.snapshot import (
+    BufferPool,
+    PoolStatistics,
+    _conversions,
+    capture,
+    plan_state,
+    prepare_like_checkpoint,
+    write_snapshot,
+)
+from actorsys.snapshot._prepare import checkpoint_buffer_nbytes
 from bridge import AsyncEvalBridge, EvalBridge
 
 from .snapshot_models import tiny_llama, tiny_mixtral
@@ -186,3 +196,32 @@ def test_the_asyncio_bridge_prepares_before_the_first_submit(tmp_path):
         assert (stats.leases, stats.allocations, stats.prepared) == (1, 0, 2)
 
     asyncio.run(host())
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("tied", "dtype"), [(True, torch.float32), (False, torch.bfloat16)], ids=["tied", "untied-bf16"]
+)
+async def test_a_base_checkpoint_sizes_the_buffers_before_the_first_submit(tmp_path, tied, dtype):
+    model = tiny_llama(tied=tied, dtype=dtype)
+    base = tmp_path / "base"
+    model.save_pretrained(base)
+    plan = plan_state(model)
+    assert checkpoint_buffer_nbytes(str(base)) == plan.buffer_nbytes
+
+    pool = BufferPool(2)
+    await trio.to_thread.run_sync(prepare_like_checkpoint(pool, str(base)).join)
+    await trio.to_thread.run_sync(pool.wait_prepared)
+    stats = pool.statistics()
+    assert (stats.sets, stats.free, stats.prepared, stats.allocations) == (2, 2, 2, 0)
+    lease = pool.try_lease(plan.buffer_nbytes, pinned=False)
+    assert lease is not None and not lease.fresh
+
+
+async def test_a_base_checkpoint_without_weights_prepares_nothing(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "broken.safetensors").write_bytes(b"\x01")
+    assert checkpoint_buffer_nbytes(str(tmp_path)) is None
+    pool = BufferPool(2)
+    await trio.to_thread.run_sync(prepare_like_checkpoint(pool, str(tmp_path)).join)
+    assert pool.statistics().sets == 0

@@ -10,7 +10,7 @@ the pool ready for given weights ahead of the first point (the supervisor's ``pr
 
 from actorsys.snapshot._capture import CapturedWeights, WeightsReleasedError, capture
 from actorsys.snapshot._pool import BufferLease, BufferPool, PoolStatistics
-from actorsys.snapshot._prepare import prepare_weights
+from actorsys.snapshot._prepare import prepare_like_checkpoint, prepare_weights
 from actorsys.snapshot._state import Source, StatePlan, plan_state
 from actorsys.snapshot._write import (
     CONFIG_NAME,
@@ -48,6 +48,7 @@ __all__ = [
     "capture",
     "copy_non_weight_files",
     "plan_state",
+    "prepare_like_checkpoint",
     "prepare_weights",
     "weights_nbytes",
     "write_snapshot",

@@ -9,6 +9,11 @@ fresh buffers (after the first copy the pool faults its other sets in the backgr
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import struct
+import threading
 from collections.abc import Mapping
 
 import torch
@@ -18,7 +23,9 @@ from actorsys._errors import ConfigError
 from actorsys.runtime import ThreadTracker, run_blocking
 from actorsys.snapshot import _conversions
 from actorsys.snapshot._pool import BufferPool, PoolStatistics
-from actorsys.snapshot._state import Source, StatePlan, plan_state
+from actorsys.snapshot._state import Source, StatePlan, aligned, plan_state
+
+log = logging.getLogger("actorsys.snapshot")
 
 
 def plan_source(
@@ -70,3 +77,45 @@ async def prepare_weights(
         description="preparing weight buffers",
         tracker=tracker,
     )
+
+
+def checkpoint_buffer_nbytes(path: str) -> int | None:
+    """Bytes of buffer a copy of the weights stored in ``path``'s safetensors files needs,
+    each tensor aligned as a plan aligns it, read from the files' headers alone. None where
+    ``path`` holds no safetensors file or a header cannot be read."""
+    total, found = 0, False
+    try:
+        for name in sorted(os.listdir(path)):
+            if not name.endswith(".safetensors"):
+                continue
+            with open(os.path.join(path, name), "rb") as f:
+                (size,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(size))
+            for key, info in header.items():
+                if key != "__metadata__":
+                    start, end = info["data_offsets"]
+                    total += aligned(end - start)
+            found = True
+    except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:
+        log.info("not preparing buffers from %s: %r", path, exc)
+        return None
+    return total if found else None
+
+
+def prepare_like_checkpoint(pool: BufferPool, path: str) -> threading.Thread:
+    """Fault ``pool``'s sets in, in a daemon thread, for weights the size of those stored in
+    ``path`` (the base checkpoint a trainer starts from), so that the first point copies into
+    memory already mapped, with no call from the trainer. Never blocks.
+
+    A guess, never a commitment: weights of another size or dtype only mean a first copy into
+    fresh memory, as without it; a set too small is replaced when it is leased.
+    """
+
+    def run() -> None:
+        nbytes = checkpoint_buffer_nbytes(path)
+        if nbytes:
+            pool.prepare_spares(nbytes, pinned=False)
+
+    thread = threading.Thread(target=run, name="actorsys buffer sizing", daemon=True)
+    thread.start()
+    return thread
