@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import signal
 import sys
 import threading
 
@@ -56,4 +58,11 @@ def main(staging: str, close_timeout: float) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], float(sys.argv[2]))
+    try:
+        main(sys.argv[1], float(sys.argv[2]))
+    except KeyboardInterrupt:
+        # End by the signal itself, as a shell expects of Ctrl-C. The interpreter's own exit
+        # on an unhandled KeyboardInterrupt was seen to end this process with status 1
+        # instead (it finalized with SIGINT reset and never re-raised it).
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
