@@ -16,6 +16,7 @@ import trio
 
 from actorsys.fleet.engine import Fleet
 from actorsys.fleet.local import EngineSpec, LocalFleet
+from actorsys.watch.fleets import split
 
 
 class FleetThread:
@@ -76,7 +77,7 @@ class FleetThread:
             self.specs, log_dir=self.log_dir, startup_timeout=self.startup_timeout
         ) as local:
             engines = local.fleet.engines
-            self.fleets = [Fleet(engines[i :: self.fleet_count]) for i in range(self.fleet_count)]
+            self.fleets = [Fleet(group) for group in split(engines, self.fleet_count)]  # type: ignore[arg-type]
             self.urls = local.urls
             self._ready.set()
             await trio.to_thread.run_sync(self._stop.wait, abandon_on_cancel=True)

@@ -14,18 +14,9 @@ from actorsys.evals import ServerEvalFn
 from actorsys.fleet import CheckpointRejectedError
 from actorsys.fleet.checkpoint import read_tensor_infos
 from tests.evals.conftest import Answers, process_tree, running
-from tests.fleet.conftest import TinyModels, corrupt_copy
+from tests.fleet.conftest import VLLM_PYTHON, VLLM_TIER, TinyModels, corrupt_copy
 
-VLLM_PYTHON = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
-
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        not VLLM_PYTHON.exists(),
-        reason="vLLM tier: .venv-vllm is missing; run scripts/setup_vllm.sh to set it up",
-    ),
-]
+pytestmark = VLLM_TIER
 
 
 def vllm_argv(model: Path) -> list[str]:

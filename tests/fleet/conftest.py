@@ -11,6 +11,17 @@ import pytest
 
 from tests.models import make_model, make_snapshot
 
+VLLM_PYTHON = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
+VLLM_TIER = [
+    pytest.mark.vllm,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not VLLM_PYTHON.exists(),
+        reason="vLLM tier: .venv-vllm is missing; run scripts/setup_vllm.sh to set it up",
+    ),
+]
+"""The marks of a module that drives a real vLLM server from ``.venv-vllm``."""
+
 
 @dataclass(frozen=True)
 class TinyModels:

@@ -13,20 +13,11 @@ import trio
 
 from actorsys.fleet.local import LocalFleet, vllm
 from actorsys.fleet.probe import WeightsMismatchError
-from tests.fleet.conftest import TinyModels, corrupt_copy
+from tests.fleet.conftest import VLLM_PYTHON, VLLM_TIER, TinyModels, corrupt_copy
 from tests.fleet.pipeline import MAX_TOKENS, assert_pinned, evaluate, pipeline
 from tests.models import PROMPTS, make_snapshot
 
-VLLM_PYTHON = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
-
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        not VLLM_PYTHON.exists(),
-        reason="vLLM tier: .venv-vllm is missing; run scripts/setup_vllm.sh to set it up",
-    ),
-]
+pytestmark = VLLM_TIER
 
 
 @pytest.mark.timeout(600)
