@@ -32,6 +32,8 @@ class Flag:
     metavar: str
     help: str
     choices: tuple[str, ...] | None = None
+    miles_fallback: str | None = None
+    """The trainer's own miles flag (its ``dest``) whose value stands in when this one is unset."""
 
     @property
     def dest(self) -> str:

@@ -18,45 +18,32 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from actorsys._errors import ConfigError
+from actorsys._flags import Flag
 from actorsys.evals.datasets import DatasetError, EvalDataset
 from actorsys.evals.eval_config import load_eval_config
 from actorsys.evals.scorers import MILES_RM_TYPES, SCORERS, check_scorer
 
-
-@dataclass(frozen=True)
-class SettingFlag:
-    option: str
-    field: str
-    parse: Callable[[str], Any]
-    metavar: str
-    help: str
-    miles_fallback: str | None = None
-
-    @property
-    def dest(self) -> str:
-        return self.option.removeprefix("--").replace("-", "_")
-
-
 SETTING_FLAGS = (
-    SettingFlag("--n-samples-per-eval-prompt", "n_samples", int, "N",
-                "samples per eval prompt, for pass@k (default 1)"),
-    SettingFlag("--eval-max-response-len", "max_tokens", int, "TOKENS",
-                "most tokens per eval answer (default 256)", "rollout_max_response_len"),
-    SettingFlag("--eval-temperature", "temperature", float, "T",
-                "sampling temperature of eval answers (default 0: greedy)", "rollout_temperature"),
-    SettingFlag("--eval-top-p", "top_p", float, "P", "nucleus sampling of eval answers "
-                "(default 1)", "rollout_top_p"),
-    SettingFlag("--eval-input-key", "input_key", str, "KEY",
-                "record key of the prompt in eval data (default prompt)", "input_key"),
-    SettingFlag("--eval-label-key", "label_key", str, "KEY",
-                "record key of the label in eval data (default label)", "label_key"),
-    SettingFlag("--rm-type", "scorer", str, "SCORER",
-                f"how eval answers are graded: {', '.join(SCORERS + tuple(MILES_RM_TYPES))} "
-                "(default exact)"),
+    Flag("--n-samples-per-eval-prompt", "n_samples", int, "N",
+         "samples per eval prompt, for pass@k (default 1)"),
+    Flag("--eval-max-response-len", "max_tokens", int, "TOKENS",
+         "most tokens per eval answer (default 256)",
+         miles_fallback="rollout_max_response_len"),
+    Flag("--eval-temperature", "temperature", float, "T",
+         "sampling temperature of eval answers (default 0: greedy)",
+         miles_fallback="rollout_temperature"),
+    Flag("--eval-top-p", "top_p", float, "P", "nucleus sampling of eval answers (default 1)",
+         miles_fallback="rollout_top_p"),
+    Flag("--eval-input-key", "input_key", str, "KEY",
+         "record key of the prompt in eval data (default prompt)", miles_fallback="input_key"),
+    Flag("--eval-label-key", "label_key", str, "KEY",
+         "record key of the label in eval data (default label)", miles_fallback="label_key"),
+    Flag("--rm-type", "scorer", str, "SCORER",
+         f"how eval answers are graded: {', '.join(SCORERS + tuple(MILES_RM_TYPES))} "
+         "(default exact)"),
 )
 
 SAMPLE_RECORD = {"prompt": "p", "label": "1"}
@@ -146,7 +133,7 @@ def datasets_from_args(namespace: argparse.Namespace) -> list[EvalDataset]:
     return datasets
 
 
-def _checked(flag: SettingFlag) -> Callable[[str], Any]:
+def _checked(flag: Flag) -> Callable[[str], Any]:
     def parse(text: str) -> Any:
         try:
             value = flag.parse(text)
