@@ -10,6 +10,7 @@ deadline, as for every coroutine here.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -98,6 +99,25 @@ class HttpEngine:
                 raise EngineUnhealthyError(self.name, f"GET {path} failed: {exc!r}") from exc
             await trio.sleep(delay)
             delay = min(delay * 2, RETRY_MAX_DELAY)
+
+    async def _token_probe(
+        self, path: str, body: dict[str, Any], token_lists: Callable[[Any], list[Any]]
+    ) -> list[list[int]]:
+        """The weight probe's request: ``POST path`` with ``body``; ``token_lists`` takes the
+        token id lists out of the answer. Raises
+        :class:`~actorsys.fleet.probe.ProbeUnsupportedError` if the server has no such
+        endpoint or answers no token ids, :class:`EngineUnhealthyError` for an error status."""
+        from actorsys.fleet.probe import ProbeUnsupportedError  # it builds on engine's errors
+
+        response = await self._until_answered("POST", path, json=body)
+        if response.status_code == 404:
+            raise ProbeUnsupportedError(f"it has no POST {path}")
+        if response.status_code != 200:
+            raise self._unexpected("POST", path, response)
+        try:
+            return [[int(t) for t in tokens] for tokens in token_lists(response.json())]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ProbeUnsupportedError(f"POST {path} answered no token ids: {exc!r}") from exc
 
     async def _until_answered(
         self,

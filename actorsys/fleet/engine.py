@@ -198,28 +198,25 @@ class Fleet:
         """
         self.version = None
         probed = self._probe.probed(self.engines) if probe else []
-        reference: list[Reference | None] = []
-        computed = trio.Event()
+        reference: Reference | None = None
         failure: PinError | None = None
 
         async def compute() -> None:
-            reference.append(await self._probe.reference(path))
-            computed.set()
+            nonlocal reference
+            reference = await self._probe.reference(path)
 
         async with trio.open_nursery() as nursery:
             if probed:
                 nursery.start_soon(compute)
             try:
                 await self._load_and_read_back(path, version, retries)
-                if probed:
-                    await computed.wait()
-                    if reference[0] is not None:
-                        await self._probe.check(probed, reference[0], version)
             except PinError as exc:
                 failure = exc
                 nursery.cancel_scope.cancel()
         if failure is not None:
             raise failure
+        if reference is not None:
+            await self._probe.check(probed, reference, version)
         if self.router_url is not None:
             await self._probe_router()
         self.version = version
@@ -241,24 +238,7 @@ class Fleet:
                 raise PinViolationError(engine.name, version, actual)
 
     async def _on_all(self, call: Callable[[Engine], Awaitable[T]], failure: str) -> list[T]:
-        results: dict[int, T] = {}
-        errors: list[tuple[Engine, Exception]] = []
-
-        async def one(index: int, engine: Engine) -> None:
-            try:
-                results[index] = await call(engine)
-            except Exception as exc:
-                errors.append((engine, exc))
-
-        async with trio.open_nursery() as nursery:
-            for index, engine in enumerate(self.engines):
-                nursery.start_soon(one, index, engine)
-        if errors:
-            engine, exc = errors[0]
-            if isinstance(exc, PinError):
-                raise exc
-            raise EngineUnhealthyError(engine.name, f"{failure}: {exc!r}") from exc
-        return [results[index] for index in range(len(self.engines))]
+        return await on_all(self.engines, call, failure)
 
     async def _probe_router(self) -> None:
         assert self.router_url is not None
@@ -269,3 +249,36 @@ class Fleet:
         except httpx.HTTPError as exc:
             message = f"{self.router_url} is not serving: {exc!r}"
             raise EngineUnhealthyError("router", message) from exc
+
+
+class _Named(Protocol):
+    name: str
+
+
+E = TypeVar("E", bound=_Named)
+
+
+async def on_all(engines: Sequence[E], call: Callable[[E], Awaitable[T]], failure: str) -> list[T]:
+    """``call`` on every engine concurrently; the results in engine order.
+
+    If any call raised, raises the first error: a :class:`PinError` as it is, anything else
+    as :class:`EngineUnhealthyError` naming the engine and ``failure``.
+    """
+    results: dict[int, T] = {}
+    errors: list[tuple[E, Exception]] = []
+
+    async def one(index: int, engine: E) -> None:
+        try:
+            results[index] = await call(engine)
+        except Exception as exc:
+            errors.append((engine, exc))
+
+    async with trio.open_nursery() as nursery:
+        for index, engine in enumerate(engines):
+            nursery.start_soon(one, index, engine)
+    if errors:
+        engine, exc = errors[0]
+        if isinstance(exc, PinError):
+            raise exc
+        raise EngineUnhealthyError(engine.name, f"{failure}: {exc!r}") from exc
+    return [results[index] for index in range(len(engines))]

@@ -141,7 +141,7 @@ class LocalEngine:
 
     async def wait_state(self, state: str, *, restarts: int = 0) -> None:
         """Block until the engine is in ``state`` after at least ``restarts`` restarts."""
-        while (self.state, self.restarts >= restarts) != (state, True):
+        while not (self.state == state and self.restarts >= restarts):
             await self._changed.wait()
 
     @property

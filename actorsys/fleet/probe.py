@@ -37,7 +37,13 @@ from typing import Any, Protocol, runtime_checkable
 import trio
 
 from actorsys._errors import ActorsysError
-from actorsys.fleet.engine import Engine, EngineUnhealthyError, PinError, PinViolationError
+from actorsys.fleet.engine import (
+    Engine,
+    EngineUnhealthyError,
+    PinError,
+    PinViolationError,
+    on_all,
+)
 from actorsys.runtime import ThreadTracker, run_blocking
 
 log = logging.getLogger("actorsys.fleet")
@@ -48,6 +54,19 @@ PROBE_TOKENS = 6
 REL_MARGIN = 0.5
 ABS_MARGIN = 1e-3
 PROBE_SEED = 20261201
+
+PROBE_SAMPLING = {
+    "temperature": 0.0,
+    "top_p": 1.0,
+    "top_k": -1,
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "ignore_eos": True,
+}
+"""Sampling parameters of the weight probe: greedy, every penalty off (a model's generation
+config may set some by default), end-of-sequence ignored."""
 
 
 class ProbeUnsupportedError(ActorsysError):
@@ -239,28 +258,15 @@ class WeightProbe:
     ) -> None:
         """Ask every engine the probe concurrently; raise :class:`WeightsMismatchError` for
         the first that disagrees, :class:`EngineUnhealthyError` for one that cannot answer."""
-        answers: dict[str, list[list[int]]] = {}
-        failures: list[PinError] = []
-
-        async def ask(engine: ProbedEngine) -> None:
+        async def ask(engine: ProbedEngine) -> list[list[int]] | None:
             try:
-                answers[engine.name] = await engine.greedy_tokens(reference.prompts, PROBE_TOKENS)
+                return await engine.greedy_tokens(reference.prompts, PROBE_TOKENS)
             except ProbeUnsupportedError as exc:
                 self.note_once(f"engine {engine.name!r} cannot answer a token probe ({exc})")
-            except PinError as exc:
-                failures.append(exc)
-            except Exception as exc:
-                failures.append(
-                    EngineUnhealthyError(engine.name, f"could not answer the probe: {exc!r}")
-                )
+                return None
 
-        async with trio.open_nursery() as nursery:
-            for engine in engines:
-                nursery.start_soon(ask, engine)
-        if failures:
-            raise failures[0]
-        for engine in engines:
-            answer = answers.get(engine.name)
+        answers = await on_all(engines, ask, "could not answer the probe")
+        for engine, answer in zip(engines, answers, strict=True):
             if answer is None:
                 continue
             if len(answer) != len(reference.prompts):

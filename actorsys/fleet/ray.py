@@ -17,9 +17,10 @@ URL through the engine's own client. A restarted server starts from ``model_dir`
 the last snapshot: the next pin loads the snapshot and reads its version back, as for any
 engine.
 
-Every Ray call is awaited from trio through ``ObjectRef.future()`` (no asyncio involved), and
-cancelling the waiting task calls ``ray.cancel``. Ray is imported only when a fleet is opened:
-``import actorsys`` works without it (the ``ray`` extra installs it).
+Every Ray call the engines make is awaited from trio through ``ObjectRef.future()``, and
+cancelling the waiting task calls ``ray.cancel``; ``open`` also runs under asyncio, where the
+wait for the actors to start goes through ``asyncio.wrap_future``. Ray is imported only when
+a fleet is opened: ``import actorsys`` works without it (the ``ray`` extra installs it).
 """
 
 from __future__ import annotations
@@ -40,15 +41,22 @@ import sniffio
 import trio
 
 from actorsys._concurrent import wait_future
+from actorsys._errors import ConfigError
 from actorsys.fleet._process import ManagedProcess, spawn
 from actorsys.fleet.engine import Engine, EngineUnhealthyError, Fleet
-from actorsys.fleet.local import VLLM_PYTHON, EngineSpec, embedded, free_port, vllm
+from actorsys.fleet.local import (
+    HEALTH_POLL_INTERVAL,
+    VLLM_PYTHON,
+    EngineSpec,
+    embedded,
+    free_port,
+    vllm,
+)
 
 log = logging.getLogger("actorsys.fleet")
 
 ENGINES = ("embedded", "vllm")
 DEFAULT_RESOURCES: Mapping[str, Any] = {"num_cpus": 1}
-HEALTH_POLL_INTERVAL = 0.25
 
 
 async def await_ref(ref: Any, *, force: bool = False) -> Any:
@@ -88,7 +96,7 @@ def engine_spec(engine: str, model_dir: str, engine_args: Sequence[str]) -> Engi
     if engine == "vllm":
         # Resolved here: the actor runs in a working directory of Ray's.
         return vllm(model_dir, python=os.path.abspath(VLLM_PYTHON), extra_args=engine_args)
-    raise ValueError(f"RayFleet.open(engine): expected one of {ENGINES}, got {engine!r}")
+    raise ConfigError("RayFleet.open(engine)", f"expected one of {ENGINES}, got {engine!r}")
 
 
 class EngineServer:
@@ -239,11 +247,13 @@ class RayFleet:
         import ray
 
         if not isinstance(num_engines, int) or num_engines < 1:
-            raise ValueError(f"RayFleet.open(num_engines): expected an integer >= 1, got {num_engines!r}")
+            raise ConfigError(
+                "RayFleet.open(num_engines)", f"expected an integer >= 1, got {num_engines!r}"
+            )
         if not isinstance(max_restarts, int) or max_restarts < -1:
-            raise ValueError(
-                f"RayFleet.open(max_restarts): expected an integer >= 0 (-1: without end), "
-                f"got {max_restarts!r}"
+            raise ConfigError(
+                "RayFleet.open(max_restarts)",
+                f"expected an integer >= 0 (-1: without end), got {max_restarts!r}",
             )
         spec = engine_spec(engine, os.fspath(model_dir), tuple(engine_args))
         options = dict(DEFAULT_RESOURCES if resources is None else resources)

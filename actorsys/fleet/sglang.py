@@ -16,20 +16,7 @@ import httpx
 
 from actorsys.fleet._http import HttpEngine, json_object
 from actorsys.fleet.engine import CheckpointRejectedError, EngineUnhealthyError
-from actorsys.fleet.probe import ProbeUnsupportedError
-
-GREEDY = {
-    "temperature": 0.0,
-    "top_p": 1.0,
-    "top_k": -1,
-    "min_p": 0.0,
-    "repetition_penalty": 1.0,
-    "frequency_penalty": 0.0,
-    "presence_penalty": 0.0,
-    "ignore_eos": True,
-}
-"""Sampling parameters of the weight probe: greedy, every penalty off (a model's generation
-config may set some by default), end-of-sequence ignored."""
+from actorsys.fleet.probe import PROBE_SAMPLING
 
 VERSION_ENDPOINTS = ("/model_info", "/get_model_info", "/get_weight_version")
 
@@ -140,15 +127,8 @@ class SGLangEngine(HttpEngine):
         another error status."""
         body = {
             "input_ids": [list(p) for p in prompts],
-            "sampling_params": {**GREEDY, "max_new_tokens": max_tokens},
+            "sampling_params": {**PROBE_SAMPLING, "max_new_tokens": max_tokens},
         }
-        response = await self._until_answered("POST", "/generate", json=body)
-        if response.status_code == 404:
-            raise ProbeUnsupportedError("it has no POST /generate")
-        if response.status_code != 200:
-            raise self._unexpected("POST", "/generate", response)
-        try:
-            answers = response.json()
-            return [[int(t) for t in answer["output_ids"]] for answer in answers]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ProbeUnsupportedError(f"/generate answered no output_ids: {exc!r}") from exc
+        return await self._token_probe(
+            "/generate", body, lambda answers: [answer["output_ids"] for answer in answers]
+        )

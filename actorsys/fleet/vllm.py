@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import httpx
 import trio
 
+from actorsys._errors import ConfigError
 from actorsys.fleet._http import HttpEngine, json_object
 from actorsys.fleet.checkpoint import (
     CheckpointMismatchError,
@@ -32,8 +33,7 @@ from actorsys.fleet.checkpoint import (
     read_tensor_infos,
 )
 from actorsys.fleet.engine import CheckpointRejectedError, EngineUnhealthyError
-from actorsys.fleet.probe import ProbeUnsupportedError
-from actorsys.fleet.sglang import GREEDY
+from actorsys.fleet.probe import PROBE_SAMPLING
 from actorsys.runtime import ThreadTracker, run_blocking
 
 T = TypeVar("T")
@@ -85,9 +85,9 @@ class VLLMEngine(HttpEngine):
         self.served_model_dir = served_model_dir
         self.require_complete = require_complete
         if reload_method not in (RELOAD, TIED_RELOAD):
-            raise ValueError(
-                f"VLLMEngine(reload_method): expected {RELOAD!r} or {TIED_RELOAD!r}, "
-                f"got {reload_method!r}"
+            raise ConfigError(
+                "VLLMEngine(reload_method)",
+                f"expected {RELOAD!r} or {TIED_RELOAD!r}, got {reload_method!r}",
             )
         self.reload_method = reload_method
         self._reference: tuple[dict[str, Any] | None, dict[str, TensorInfo] | None] | None = None
@@ -150,24 +150,17 @@ class VLLMEngine(HttpEngine):
             "prompt": [list(p) for p in prompts],
             "max_tokens": max_tokens,
             "return_token_ids": True,
-            **{k: v for k, v in GREEDY.items() if k != "top_k"},
+            **PROBE_SAMPLING,
             "top_k": 0,
         }
-        response = await self._until_answered("POST", "/v1/completions", json=body)
-        if response.status_code == 404:
-            raise ProbeUnsupportedError("it has no POST /v1/completions")
-        if response.status_code != 200:
-            raise self._unexpected("POST", "/v1/completions", response)
-        try:
-            choices = sorted(response.json()["choices"], key=lambda choice: choice["index"])
-            answers = [[int(t) for t in choice["token_ids"]] for choice in choices]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ProbeUnsupportedError(f"completions carry no token_ids: {exc!r}") from exc
-        if len(answers) != len(prompts):
-            raise EngineUnhealthyError(
-                self.name, f"answered {len(answers)} of {len(prompts)} probe prompts"
-            )
-        return answers
+        return await self._token_probe(
+            "/v1/completions",
+            body,
+            lambda answer: [
+                choice["token_ids"]
+                for choice in sorted(answer["choices"], key=lambda choice: choice["index"])
+            ],
+        )
 
     async def _post(
         self,
