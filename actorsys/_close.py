@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import inspect
 import logging
-import math
 from typing import Any
 
 import trio
 
 from actorsys._point import State
 from actorsys._wiring import Wiring
+from actorsys.actors._stage import within
 from actorsys.contracts import CheckpointEvalFn
 from actorsys.outcome import CloseReport, DrainReport
 from actorsys.runtime import run_blocking
@@ -44,7 +44,7 @@ def waiting_on(wiring: Wiring, steps: list[int] | None = None) -> bool:
 async def drain(wiring: Wiring, timeout: float | None) -> DrainReport:  # noqa: ASYNC109 - a budget
     waiting = wiring.flight.unsettled()
     await trio.lowlevel.checkpoint()
-    with trio.move_on_after(math.inf if timeout is None else timeout):
+    with within(timeout):
         while waiting_on(wiring, waiting):
             await wiring.flight.wait_changed()
     settled = wiring.retirer.settled_steps

@@ -71,12 +71,6 @@ def seal(tmp: str) -> None:
     _fsync_dir(tmp)
 
 
-def publish(tmp: str, final: str) -> None:
-    """``seal`` then ``install``."""
-    seal(tmp)
-    install(tmp, final)
-
-
 def install(tmp: str, final: str) -> None:
     """Rename a sealed ``tmp`` to ``final`` atomically and make the rename durable.
 

@@ -110,7 +110,7 @@ class AsyncEvalBridge(BridgeBase):
         what this loop awaits; the supervisor's ``export_timeout`` and close cancel its task.
         """
         rt = self._rt
-        if export is not None and callable(export):
+        if callable(export):
             export = on_host_loop(export, asyncio.get_running_loop())
         request = SubmitRequest(
             step, model=model, state_dict=state_dict, export=export,

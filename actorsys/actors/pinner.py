@@ -53,7 +53,11 @@ class FleetPinner(SequentialStage):
         return point.but(lease=FleetLease(fleet))
 
     def leave(self, point: Point, *, done: bool) -> Point:
-        if done or point.lease is None:
+        return point if done else self.reclaim(point)
+
+    def reclaim(self, point: Point) -> Point:
+        """``point`` without its fleet, which is idle again."""
+        if point.lease is None:
             return point
         self.give_back(point.lease)
         return point.but(lease=None)

@@ -52,7 +52,6 @@ class EvalInvoker:
 class EvalRunner(Stage):
     name = NAME
     state = State.EVAL
-    next_state = State.SETTLE
     metric = DURATION_SECONDS
 
     def __init__(
@@ -78,10 +77,7 @@ class EvalRunner(Stage):
         self.retirer.take(ticket, point)
 
     def leave(self, point: Point, *, done: bool) -> Point:
-        if point.lease is None:
-            return point
-        self.pinner.give_back(point.lease)
-        return point.but(lease=None)
+        return self.pinner.reclaim(point)
 
     async def work(self, point: Point) -> Result:
         timeout = self.config.eval_timeout
