@@ -122,7 +122,7 @@ async def test_prepare_faults_in_every_set_and_the_first_submit_copies_into_one(
 
 
 @pytest.mark.timeout(60)
-async def test_after_prepare_a_submit_asks_transformers_nothing(tmp_path, lookups):
+async def test_after_prepare_a_submit_never_asks_transformers_on_the_trio_thread(tmp_path, lookups):
     model = tiny_mixtral()
     async with EvalSupervisor.open(config(tmp_path), eval_fn=ListFiles()) as sup:
         await sup.prepare(model=model)

@@ -50,8 +50,7 @@ def plan_source(
 def prepare_planned(pool: BufferPool, plan: StatePlan) -> PoolStatistics:
     """The blocking half: conversions of the model's class, then every set of ``pool`` made
     large enough for ``plan`` and faulted in. Run it in a worker thread."""
-    if plan.model is not None and callable(getattr(getattr(plan.model, "config", None),
-                                                   "save_pretrained", None)):
+    if plan.model is not None:
         _conversions.resolve(plan.model)
     pool.prepare(plan.buffer_nbytes, pinned=plan.on_cuda)
     return pool.statistics()

@@ -12,7 +12,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from actorsys.staging import COMPLETE
+from actorsys.staging import is_complete
 
 STEP_SUFFIX = re.compile(r"(\d+)$")
 
@@ -49,7 +49,7 @@ def scan(root: str, *, quiet_seconds: float | None = None, now: float) -> list[C
         if step is None or not entry.is_dir(follow_symlinks=True):
             continue
         path = os.path.abspath(entry.path)
-        if os.path.exists(os.path.join(path, COMPLETE)):
+        if is_complete(path):
             found.append(Checkpoint(step, entry.name, path, marked=True))
         elif quiet_seconds is not None and _quiet_since(path, now - quiet_seconds):
             found.append(Checkpoint(step, entry.name, path, marked=False))

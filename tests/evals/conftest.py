@@ -8,8 +8,8 @@ import psutil
 import pytest
 
 from actorsys.evals import EvalDataset
-from tests.fleet.conftest import TinyModels, tiny  # noqa: F401 - the shared tiny-model fixture
-from tests.models import PROMPTS, greedy, make_snapshot, make_tokenizer, random_model, tiny_config
+from tests.fleet.conftest import TinyModels, tied, tiny  # noqa: F401 - the shared tiny-model fixtures
+from tests.models import PROMPTS, greedy
 
 MAX_TOKENS = 6
 
@@ -43,22 +43,7 @@ def label_file(models: TinyModels, directory: Path) -> Answers:
 
 
 @pytest.fixture(scope="session")
-def tied(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
-    """Like ``tiny``, with tied embeddings (the checkpoints hold no ``lm_head.weight``)."""
-    root = tmp_path_factory.mktemp("tied")
-    tokenizer = make_tokenizer()
-    tokenizer.save_pretrained(root / "base")
-    config = tiny_config(len(tokenizer), tokenizer.eos_token_id)
-    config.tie_word_embeddings = True
-    random_model(config, seed=10).save_pretrained(root / "base")
-    (root / "base" / ".complete").write_bytes(b"")
-    make_snapshot(root / "base", root / "step1", seed=11)
-    make_snapshot(root / "base", root / "step2", seed=12)
-    return TinyModels(root / "base", root / "step1", root / "step2", root / "base")
-
-
-@pytest.fixture(scope="session")
-def tied_answers(tied: TinyModels, tmp_path_factory: pytest.TempPathFactory) -> Answers:
+def tied_answers(tied: TinyModels, tmp_path_factory: pytest.TempPathFactory) -> Answers:  # noqa: F811
     return label_file(tied, tmp_path_factory.mktemp("tied-answers"))
 
 

@@ -61,10 +61,7 @@ async def test_stop_ends_the_command_and_everything_it_started() -> None:
     # The group was sent SIGKILL before stop returned; the kernel ends its members moments
     # later, well inside the grace, which a stop no longer waits out.
     with trio.fail_after(2.0):
-        while True:
-            if not any(alive(pid) for pid in [process.pid, *pids]):
-                break
-            await trio.sleep(0.02)
+        await wait_gone([process.pid, *pids])
 
 
 @pytest.mark.timeout(60)
