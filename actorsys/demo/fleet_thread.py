@@ -2,7 +2,7 @@
 (non-trio) program such as the demo's trainer.
 
 The engines' processes die with the thread that started them (``PR_SET_PDEATHSIG``), so the
-thread lives until :meth:`FleetThread.stop`. The engine clients open a connection per call,
+thread lives until its ``with`` block is left. The engine clients open a connection per call,
 so the bridge's trio thread may use the fleets made of them.
 """
 
@@ -41,7 +41,6 @@ class FleetThread:
         self.log_dir = log_dir
         self.startup_timeout = startup_timeout
         self.fleets: list[Fleet] = []
-        self.urls: list[str] = []
         self._ready = threading.Event()
         self._stop = threading.Event()
         self._error: BaseException | None = None
@@ -78,6 +77,5 @@ class FleetThread:
         ) as local:
             engines = local.fleet.engines
             self.fleets = [Fleet(group) for group in split(engines, self.fleet_count)]  # type: ignore[arg-type]
-            self.urls = local.urls
             self._ready.set()
             await trio.to_thread.run_sync(self._stop.wait, abandon_on_cancel=True)

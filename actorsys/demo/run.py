@@ -25,11 +25,11 @@ from actorsys.config import EvalConfig
 from actorsys.demo.addition import ANSWER_TOKENS, write_base_checkpoint
 from actorsys.demo.fleet_thread import FleetThread
 from actorsys.demo.progress import DemoProgress
-from actorsys.fleet.local import VLLM_PYTHON, EngineSpec, embedded, vllm
+from actorsys.fleet.local import VLLM_PYTHON
 from actorsys.outcome import Outcome
 from actorsys.sinks import JsonlSink
 from actorsys.sinks_fanout import FanoutSink
-from actorsys.watch.fleets import model_length
+from actorsys.watch.fleets import engine_specs
 
 log = logging.getLogger("actorsys.demo")
 
@@ -57,13 +57,6 @@ class DemoResult:
     stalls: dict[int, float] = field(default_factory=dict)
     blocking_save_seconds: float = 0.0
     wall_seconds: float = 0.0
-
-
-def engine_specs(settings: DemoSettings, model_dir: str) -> list[EngineSpec]:
-    if settings.engine == "vllm":
-        length = model_length(model_dir)
-        return [vllm(model_dir, python=VLLM_PYTHON, max_model_len=length) for _ in range(settings.engines)]
-    return [embedded(model_dir) for _ in range(settings.engines)]
 
 
 def measure_blocking_save(model: torch.nn.Module) -> float:
@@ -130,9 +123,8 @@ def run_demo(settings: DemoSettings, console: Console) -> DemoResult:
     fleet_count = min(settings.fleets, settings.engines)
     jsonl = JsonlSink(metrics_path)
     try:
-        with FleetThread(
-            engine_specs(settings, base), fleets=fleet_count, log_dir=os.path.join(out, "logs")
-        ) as held:
+        specs = engine_specs(base, engines=settings.engines, flavor=settings.engine)
+        with FleetThread(specs, fleets=fleet_count, log_dir=os.path.join(out, "logs")) as held:
             progress = DemoProgress(steps=settings.steps, score=SCORE, console=console)
             with progress, EvalBridge(
                 config, eval_fn=DatasetEval([dataset]), fleet=held.fleets, sink=FanoutSink([jsonl, progress])

@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 
 from actorsys.fleet.engine import EngineUnhealthyError, Fleet
 from actorsys.fleet.flavor import Flavor, engine_of_flavor
-from actorsys.fleet.local import VLLM_PYTHON, LocalFleet, embedded, vllm
+from actorsys.fleet.local import VLLM_PYTHON, EngineSpec, LocalFleet, embedded, vllm
 from actorsys.fleet.sglang import SGLangEngine
 from actorsys.fleet.vllm import VLLMEngine
 from actorsys.watch.scan import Checkpoint
@@ -20,6 +20,15 @@ from actorsys.watch.scan import Checkpoint
 def split(engines: Sequence[object], fleets: int) -> list[list[object]]:
     """``engines`` dealt round-robin into ``fleets`` groups."""
     return [list(engines[index::fleets]) for index in range(fleets)]
+
+
+def engine_specs(model_dir: str, *, engines: int, flavor: str) -> list[EngineSpec]:
+    """``engines`` CPU engines serving ``model_dir``: vLLM's for ``flavor="vllm"``, the
+    embedded engine's otherwise."""
+    if flavor == "vllm":
+        length = model_length(model_dir)
+        return [vllm(model_dir, python=VLLM_PYTHON, max_model_len=length) for _ in range(engines)]
+    return [embedded(model_dir) for _ in range(engines)]
 
 
 @asynccontextmanager
@@ -34,12 +43,7 @@ async def started_fleets(
 ) -> AsyncIterator[list[Fleet]]:
     """Start ``engines`` CPU engines serving ``checkpoint`` (vLLM for ``flavor="vllm"``, the
     embedded engine otherwise), dealt into ``fleets`` fleets; stop them on the way out."""
-    model_dir = checkpoint.path
-    if flavor == "vllm":
-        length = model_length(model_dir)
-        specs = [vllm(model_dir, python=VLLM_PYTHON, max_model_len=length) for _ in range(engines)]
-    else:
-        specs = [embedded(model_dir) for _ in range(engines)]
+    specs = engine_specs(checkpoint.path, engines=engines, flavor=flavor)
     async with LocalFleet.open(specs, log_dir=log_dir, startup_timeout=startup_timeout) as local:
         yield [Fleet(group) for group in split(local.fleet.engines, fleets)]  # type: ignore[arg-type]
 
