@@ -29,6 +29,7 @@ from actorsys._errors import ConfigError
 from actorsys.contracts import CheckpointEvalFn, EvalSkip, RolloutFnEvalInput, RolloutFnEvalOutput
 from actorsys.evals._gate import RequestGate
 from actorsys.fleet._tls import ssl_context
+from actorsys.fleet.completions import served_model
 from actorsys.runtime import ThreadTracker, run_blocking
 
 LENGTH_FIELDS = ("n_positions", "max_position_embeddings", "n_ctx")
@@ -211,14 +212,8 @@ def _upstreams(fleet: Any) -> list[str]:
 
 
 async def _served_model(url: str) -> str | None:
-    """The first model id the server lists (vLLM answers only requests that name it)."""
-    try:
-        async with httpx.AsyncClient(timeout=10.0, verify=ssl_context()) as client:
-            response = await client.get(f"{url.rstrip('/')}/v1/models")
-            model = response.json()["data"][0]["id"]
-    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
-        return None
-    return model if isinstance(model, str) else None
+    async with httpx.AsyncClient(timeout=10.0, verify=ssl_context()) as client:
+        return await served_model(client, url.rstrip("/"))
 
 
 def _max_length(checkpoint_dir: str) -> int:

@@ -127,7 +127,7 @@ async def complete(
     ) as client:
         if model is None:
             with anyio.move_on_after(request_timeout):
-                model = await _served_model(client, targets[0].rstrip("/"))
+                model = await served_model(client, targets[0].rstrip("/"))
         bodies = [
             {
                 **({"model": model} if model is not None else {}),
@@ -182,7 +182,9 @@ async def complete(
     return [answer for answer in results if answer is not None]
 
 
-async def _served_model(client: httpx.AsyncClient, url: str) -> str | None:
+async def served_model(client: httpx.AsyncClient, url: str) -> str | None:
+    """The first model id the server at ``url`` lists (vLLM answers only requests that name
+    it); None where it lists none or cannot say."""
     try:
         response = await client.get(f"{url}/v1/models")
         model = response.json()["data"][0]["id"]
