@@ -52,6 +52,7 @@ from actorsys.fleet.local import (
     free_port,
     vllm,
 )
+from actorsys.fleet.probe import ProbedEngine, ProbeUnsupportedError
 
 log = logging.getLogger("actorsys.fleet")
 
@@ -192,6 +193,15 @@ class RayEngine:
 
     async def weight_version(self) -> str | None:
         return await (await self._current()).weight_version()
+
+    async def greedy_tokens(
+        self, prompts: Sequence[Sequence[int]], max_tokens: int
+    ) -> list[list[int]]:
+        """The weight probe, asked of the server the actor runs now."""
+        client = await self._current()
+        if not isinstance(client, ProbedEngine):
+            raise ProbeUnsupportedError(f"{type(client).__name__} has no token probe")
+        return await client.greedy_tokens(prompts, max_tokens)
 
     async def _current(self) -> Engine:
         """The client of the server the actor runs now (a restarted actor's is new)."""
