@@ -16,14 +16,13 @@ from typing import Any
 
 import trio
 
-from actorsys._errors import ConfigError, SupervisorClosedError
-from actorsys._submit import SubmitRequest
+from actorsys import ConfigError, SupervisorClosedError
 from actorsys.config import EvalConfig, require_seconds
 from actorsys.outcome import CloseReport, DrainReport, SupervisorStatistics
 from actorsys.sinks import Sink
 from actorsys.sinks_fanout import as_sink
 from actorsys.snapshot import CapturedWeights, PoolStatistics
-from actorsys.supervisor import Reservation
+from actorsys.supervisor import Reservation, SubmitRequest
 from bridge._budgets import trio_share
 from bridge._calls import Call, answer
 from bridge._thread import Command, TrioThread

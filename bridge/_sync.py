@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 
-from actorsys._submit import SubmitRequest
 from actorsys.config import require_seconds
 from actorsys.outcome import CloseReport, DrainReport
 from actorsys.snapshot import PoolStatistics
+from actorsys.supervisor import SubmitRequest
 from bridge._budgets import drains_on_exit
 from bridge._runtime import BridgeBase
 

@@ -23,9 +23,9 @@ from actorsys import (
     RolloutFnEvalOutput,
     SubmitError,
     staging,
-    supervisor,
 )
-from actorsys.actors import exporter
+from actorsys._core import supervisor
+from actorsys._core.actors import exporter
 from actorsys.snapshot import _write, capture
 from actorsys.supervisor import SubmitRequest
 

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from actorsys._flight import Flight
-from actorsys._point import Point, State, Ticket
+from actorsys._core.flight import Flight
+from actorsys._core.point import Point, State, Ticket
 
 if TYPE_CHECKING:
-    from actorsys.actors.retirer import Retirer
+    from actorsys._core.actors.retirer import Retirer
 
 
 @dataclass(frozen=True)

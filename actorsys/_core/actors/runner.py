@@ -11,11 +11,11 @@ from typing import Any
 
 import trio
 
-from actorsys._flight import Flight
-from actorsys._point import Point, State, Ticket
-from actorsys.actors._stage import Done, Result, Skip, Stage, within
-from actorsys.actors.pinner import FleetPinner
-from actorsys.actors.retirer import Retirer
+from actorsys._core.actors.pinner import FleetPinner
+from actorsys._core.actors.retirer import Retirer
+from actorsys._core.actors.stage import Done, Result, Skip, Stage, within
+from actorsys._core.flight import Flight
+from actorsys._core.point import Point, State, Ticket
 from actorsys.config import EvalConfig
 from actorsys.contracts import EvalSkip, RolloutFnEvalInput, RolloutFnEvalOutput
 from actorsys.outcome import DURATION_SECONDS

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from actorsys._core.point import ExportFn, Point, Source
 from actorsys._errors import DuplicateStepError, SubmitError
-from actorsys._point import ExportFn, Point, Source
 from actorsys.config import EvalConfig
 from actorsys.snapshot import StatePlan, plan_state
 

@@ -16,8 +16,8 @@ from collections import Counter, deque
 import trio
 
 from actorsys import staging
-from actorsys._flight import Flight
-from actorsys._point import Point, State, Ticket
+from actorsys._core.flight import Flight
+from actorsys._core.point import Point, State, Ticket
 from actorsys.config import EvalConfig
 from actorsys.outcome import LAG_STEPS, Outcome
 from actorsys.runtime import ThreadTracker, run_blocking

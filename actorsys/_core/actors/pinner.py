@@ -1,6 +1,6 @@
 """FleetPinner: owns the idle fleets; lends one to each point and pins it to the point's version.
 
-A fleet is idle only while no point holds its :class:`~actorsys._point.FleetLease`: the
+A fleet is idle only while no point holds its :class:`~actorsys._core.point.FleetLease`: the
 pinner lends it when it takes the next point, and gets it back by message (``give_back``)
 from whoever holds the point when it is done with it: the EvalRunner after the evaluation,
 or the pinner itself when the pin fails or the point is dropped. So a fleet is never pinned
@@ -13,10 +13,10 @@ from collections.abc import Sequence
 
 import trio
 
-from actorsys._flight import Flight
-from actorsys._point import FleetLease, Point, State, Ticket
-from actorsys.actors._stage import Done, Result, SequentialStage, Skip
-from actorsys.actors.retirer import Retirer
+from actorsys._core.actors.retirer import Retirer
+from actorsys._core.actors.stage import Done, Result, SequentialStage, Skip
+from actorsys._core.flight import Flight
+from actorsys._core.point import FleetLease, Point, State, Ticket
 from actorsys.config import EvalConfig
 from actorsys.fleet import Fleet, PinError
 from actorsys.outcome import PIN_TIME_SECONDS

@@ -1,0 +1,261 @@
+"""EvalSupervisor: the trio-native front of the pipeline.
+
+Example::
+
+    async with EvalSupervisor.open(config, eval_fn=MyEval(), fleet=fleet) as sup:
+        for step in range(steps):
+            train_one_step()
+            if step % 100 == 0:
+                await sup.submit(step, model=model)   # one CPU copy, then back to training
+        report = await sup.drain(timeout=600)
+
+Inside, four supervised actors (Exporter -> FleetPinner -> EvalRunner -> Retirer, built in
+:mod:`actorsys._core.wiring`) move each point forward, each owning what it holds; admission is
+:mod:`actorsys._core.admission`, drain and close :mod:`actorsys._core.close`. The rules they keep are
+those of the design document, ``../shared/DESIGN.md`` (kept outside this repository).
+Nothing an evaluation does is raised here: it settles as an :class:`~actorsys.Outcome`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import torch
+import trio
+
+from actorsys._core import close as _close
+from actorsys._core.admission import Reservation
+from actorsys._core.point import ExportFn
+from actorsys._core.submit import SubmitRequest
+from actorsys._core.wiring import Wiring, check_collaborators, wire
+from actorsys._errors import SupervisorClosedError
+from actorsys.config import EvalConfig
+from actorsys.fleet import Fleet
+from actorsys.outcome import CloseReport, DrainReport, SupervisorStatistics
+from actorsys.sinks import Sink
+from actorsys.snapshot import CapturedWeights, PoolStatistics, capture, prepare_weights
+
+log = logging.getLogger("actorsys")
+
+NOT_STARTED = SupervisorStatistics(
+    in_flight=0, settled=0, ok=0, skipped_by_reason={}, restarts=0, gave_up=False, closed=False
+)
+
+__all__ = ["EvalSupervisor", "Reservation", "SubmitRequest"]
+
+
+class EvalSupervisor:
+    """Owns the actors and the admission of points. Build it with ``open``."""
+
+    def __init__(
+        self,
+        config: EvalConfig,
+        *,
+        eval_fn: Any,
+        fleet: Fleet | Sequence[Fleet] | None = None,
+        sink: Sink | Sequence[Sink] | None = None,
+    ) -> None:
+        self._fleets, self.sink = check_collaborators(config, eval_fn, fleet, sink)
+        self.config = config
+        self.eval_fn = eval_fn
+        self._wiring: Wiring | None = None
+        self._closer = _close.Closer()
+
+    @classmethod
+    @asynccontextmanager
+    async def open(
+        cls,
+        config: EvalConfig,
+        *,
+        eval_fn: Any,
+        fleet: Fleet | Sequence[Fleet] | None = None,
+        sink: Sink | Sequence[Sink] | None = None,
+    ) -> AsyncIterator[EvalSupervisor]:
+        """Start the supervisor and its actors; leaving the block calls ``aclose()``.
+
+        Raises :class:`~actorsys.ConfigError` before starting anything if the config, eval fn,
+        fleet, sink or staging dir is unusable. At start, tmp directories an earlier crashed
+        run left in ``hf_dir`` are removed.
+        """
+        sup = cls(config, eval_fn=eval_fn, fleet=fleet, sink=sink)
+        wiring = sup._wire()
+        body_error: BaseException | None = None
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(wiring.actors.run)
+                try:
+                    yield sup
+                except BaseException as exc:
+                    body_error = exc
+                    raise
+                finally:
+                    await sup.aclose()
+        except BaseExceptionGroup as group:
+            # The actors never raise out of the nursery, so a lone error here is the caller's
+            # own, from the body of the `async with`: give it back to them as they raised it.
+            if body_error is not None and group.exceptions == (body_error,):
+                raise body_error from None
+            raise
+
+    def _wire(self) -> Wiring:
+        self._wiring = wire(
+            self.config,
+            eval_fn=self.eval_fn,
+            sink=self.sink,
+            fleets=self._fleets,
+            on_crash=self._on_crash,
+            on_give_up=self._on_give_up,
+        )
+        return self._wiring
+
+    def _running(self) -> Wiring:
+        if self._wiring is None:
+            raise SupervisorClosedError("the supervisor is not running; use EvalSupervisor.open")
+        return self._wiring
+
+    async def prepare(
+        self,
+        *,
+        model: torch.nn.Module | None = None,
+        state_dict: Mapping[str, torch.Tensor] | None = None,
+    ) -> PoolStatistics:
+        """Optional, once before the first point: get ready for ``submit`` of these weights, so
+        that the first point costs the trainer what a later one does. Copies nothing.
+
+        Plans the weights in this thread (cheap), then, in a worker thread: looks up whether
+        transformers converts the model's weights on save, and allocates and faults in
+        ``max_in_flight`` buffer sets of the right size. Blocks this task until that is done
+        (about one copy of the weights into fresh memory per set), never the trio thread.
+        Cancelling returns at once; the sets being prepared still join the pool. Returns the
+        pool's statistics. Raises :class:`~actorsys.ConfigError` naming a bad argument.
+        """
+        wiring = self._running()
+        return await prepare_weights(
+            wiring.buffers, wiring.tracker, model=model, state_dict=state_dict
+        )
+
+    # -- admission -------------------------------------------------------------------------
+
+    async def submit(
+        self,
+        step: int,
+        *,
+        model: torch.nn.Module | None = None,
+        state_dict: Mapping[str, torch.Tensor] | None = None,
+        export: ExportFn | None = None,
+        checkpoint_dir: str | os.PathLike[str] | None = None,
+        require_marker: bool | None = None,
+        force: bool = False,
+    ) -> bool:
+        """Hand the weights of ``step`` to the pipeline; True if admitted.
+
+        Exactly one source: ``model`` / ``state_dict`` (copied to CPU before this returns, so
+        the trainer may change them right after), ``export`` (``async (step, path)`` that
+        writes the checkpoint into ``path``), or ``checkpoint_dir`` (an existing checkpoint,
+        never deleted). With ``save_hf`` set and no ``hf_dir``, no source evaluates the
+        trainer's own saved checkpoint of ``step``.
+
+        Always a checkpoint, so a trio trainer that only awaits ``submit`` lets the actors
+        run. Blocks only under ``overflow="backpressure"`` (or ``force=True``) while
+        ``max_in_flight`` points are in flight, until one settles; cancelling that wait
+        admits nothing. Returns False when the point settled at once instead (``busy``,
+        ``disk_budget``). Raises a :class:`~actorsys.SubmitError` for malformed calls and
+        :class:`~actorsys.SupervisorClosedError` / :class:`~actorsys.SupervisorGaveUpError`
+        once the supervisor admits nothing; neither changes any state.
+        """
+        await trio.lowlevel.checkpoint_if_cancelled()
+        request = SubmitRequest(
+            step, model=model, state_dict=state_dict, export=export,
+            checkpoint_dir=checkpoint_dir, require_marker=require_marker, force=force,
+        )
+        reservation = await self.reserve(request)
+        if reservation is None:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return False
+        weights = None
+        if request.weights_source is not None:
+            try:
+                weights = capture(request.weights_source, buffers=reservation.buffers)
+            except BaseException:
+                self.release(reservation)
+                raise
+        admitted = self.launch(reservation, weights)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return admitted
+
+    async def reserve(self, request: SubmitRequest) -> Reservation | None:
+        """The admission half of ``submit``: validate, wait for a slot, check the disk, lease
+        a buffer set for the weights.
+
+        Returns a :class:`Reservation` to ``launch`` once the weights are copied with
+        ``capture(request.weights_source, buffers=reservation.buffers)`` (or to ``release``),
+        or None if the point settled at once. For hosts that copy the weights in their own
+        thread (the bridge); ``submit`` is reserve + copy + launch.
+        """
+        return await self._running().admission.reserve(request)
+
+    def launch(self, reservation: Reservation, weights: CapturedWeights | None) -> bool:
+        """Start a reserved point down the pipeline with its copied ``weights``.
+
+        If the supervisor closed or gave up since the reservation, the point settles
+        ``closed`` / ``crashed`` instead and this returns False.
+        """
+        return self._running().admission.launch(reservation, weights)
+
+    def release(self, reservation: Reservation) -> None:
+        """Give back a reservation that will not be launched; the step may be submitted again."""
+        self._running().admission.release(reservation)
+
+    def note_step(self, step: int) -> None:
+        """Tell the supervisor the trainer's current step (for ``eval/lag_steps``)."""
+        if self._wiring is not None:
+            self._wiring.retirer.note_step(step)
+
+    # -- supervision -------------------------------------------------------------------------
+
+    def _on_crash(self, actor: str, exc: Exception) -> None:
+        log.error("actor %s crashed", actor, exc_info=exc)
+        self._running().crashed(actor, exc)
+
+    def _on_give_up(self, exc: Exception) -> None:
+        log.error("too many actor crashes; the supervisor stops", exc_info=exc)
+        self._running().give_up(exc)
+
+    # -- drain and close ---------------------------------------------------------------------
+
+    async def drain(self, timeout: float | None = None) -> DrainReport:  # noqa: ASYNC109 - a budget
+        """Wait until the points now in flight have settled, for at most ``timeout`` seconds
+        (None: no bound). Always a checkpoint. Never raises on timeout: the report says what
+        is still pending."""
+        if self._wiring is None:
+            await trio.lowlevel.checkpoint()
+            return DrainReport(settled=[], pending=[])
+        return await _close.drain(self._wiring, timeout)
+
+    async def aclose(
+        self, timeout: float | None = None, *, drain: bool = True  # noqa: ASYNC109 - a budget
+    ) -> CloseReport:
+        """Stop admitting, drain within the budget, cut off the rest, stop the actors.
+
+        Always returns within ``timeout`` seconds (default ``close_timeout``), also when an
+        evaluation hangs in trio, in a thread or on an engine: points still in flight settle
+        ``closed`` (listed in ``abandoned``) and their snapshots are retired; threads that
+        could not be stopped are listed in ``stuck_threads``. With ``drain=False`` the points
+        in flight are cut off at once (for an interrupted host), and the budget only bounds
+        stopping the actors. Shielded from outer cancellation, so it runs to completion within
+        its own budget. Idempotent.
+        """
+        if self._wiring is None:
+            return CloseReport(clean=True, abandoned=[], stuck_threads=[])
+        budget = self.config.close_timeout if timeout is None else timeout
+        return await self._closer.close_once(self._wiring, self.eval_fn, budget, drain)
+
+    # -- introspection -----------------------------------------------------------------------
+
+    def statistics(self) -> SupervisorStatistics:
+        """Points in flight, settled, skipped by reason, actor restarts."""
+        return NOT_STARTED if self._wiring is None else self._wiring.statistics()
