@@ -118,6 +118,7 @@ async def dispose(eval_fn: Any, deadline: float, wiring: Wiring) -> None:
                     limiter=trio.CapacityLimiter(1),
                     description="eval fn dispose()",
                     tracker=wiring.tracker,
+                    hold_clock=False,
                 )
         except Exception:
             log.exception("eval fn dispose() failed")

@@ -3,6 +3,12 @@
 ``abandon_on_cancel=True`` is only for work that is safe to leave running after its caller
 moved on: it writes only into a private tmp directory, and the caller publishes the result
 (a rename) from trio. Threads abandoned that way are tracked, so close can report them.
+
+While a thread of actorsys's own work runs (``hold_clock=True``, the default), virtual time
+stands still under trio's autojumping ``MockClock`` (:mod:`actorsys.runtime.clock_hold`): a
+test's timeouts fire at their virtual time, never because a delete took a real millisecond.
+Work that waits on the test itself, or that must let virtual time pass while it runs (an
+evaluation a user wrote as a plain ``def``), passes ``hold_clock=False``.
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import trio
+
+from actorsys.runtime.clock_hold import ClockHold, current_hold
 
 T = TypeVar("T")
 
@@ -45,19 +53,37 @@ class ThreadTracker:
 
 
 class _ListedWhileHeld:
-    """A limiter that lists its job in the tracker once the job holds a token."""
+    """A limiter that lists its job in the tracker once the job holds a token, and holds the
+    clock from then until trio takes the thread's result back (also after an abandon).
 
-    def __init__(self, limiter: trio.CapacityLimiter, tracker: ThreadTracker, description: str):
+    trio calls both methods in its own thread: ``acquire`` just before it starts the worker
+    thread, ``release`` in the callback that hands the thread's result back (the same one that
+    wakes the caller), so the clock is never free between the thread's end and its caller's
+    wake-up.
+    """
+
+    def __init__(
+        self,
+        limiter: trio.CapacityLimiter,
+        tracker: ThreadTracker,
+        description: str,
+        clock: ClockHold | None,
+    ):
         self._limiter = limiter
         self._tracker = tracker
         self._description = description
+        self._clock = clock
         self.job_id: int | None = None
 
     async def acquire_on_behalf_of(self, borrower: object) -> None:
         await self._limiter.acquire_on_behalf_of(borrower)
         self.job_id = self._tracker._add(self._description)
+        if self._clock is not None:
+            self._clock.hold()
 
     def release_on_behalf_of(self, borrower: object) -> None:
+        if self._clock is not None:
+            self._clock.release()
         self._limiter.release_on_behalf_of(borrower)
 
 
@@ -68,15 +94,17 @@ async def run_blocking(
     limiter: trio.CapacityLimiter,
     description: str,
     tracker: ThreadTracker,
+    hold_clock: bool = True,
 ) -> T:
     """Run ``fn()`` in a worker thread and return its result.
 
     Blocks on a token of ``limiter`` (one per actor, so one actor's stuck threads cannot starve
     another's), then on the thread. On cancellation: with ``abandon_on_cancel`` the call returns
     at once and the thread runs on, listed by ``tracker`` until it ends; without it, the call
-    waits for the thread to finish.
+    waits for the thread to finish. With ``hold_clock`` an autojumping ``MockClock`` does
+    not jump while the thread runs (see the module's docstring).
     """
-    listed = _ListedWhileHeld(limiter, tracker, description)
+    listed = _ListedWhileHeld(limiter, tracker, description, current_hold() if hold_clock else None)
 
     def job() -> T:
         try:

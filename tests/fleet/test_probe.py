@@ -240,17 +240,27 @@ async def test_no_false_alarm_over_twenty_pins_of_random_tiny_models(
 async def test_pin_deadline_abandons_a_reference_still_computing(
     tiny: TinyModels, monkeypatch: pytest.MonkeyPatch, autojump_clock: trio.testing.MockClock
 ) -> None:
-    release = threading.Event()
+    entered, release = threading.Event(), threading.Event()
 
     def stuck(path: str) -> Reference:
+        entered.set()
         release.wait()
         raise AssertionError("abandoned: nobody reads this")
 
     monkeypatch.setattr(probe_module, "compute_reference", stuck)
     fleet = Fleet([OtherWeightsEngine("engine", serves=tiny.step1)])
-    try:
-        with trio.move_on_after(30) as deadline:
+    deadline = trio.move_on_after(30)
+
+    async def pin() -> None:
+        with deadline:
             await fleet.pin(str(tiny.step1), "1")
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pin)
+            await trio.to_thread.run_sync(entered.wait)
+            # Virtual time stands still while the reference thread runs: the test moves it.
+            autojump_clock.jump(30)
         assert deadline.cancelled_caught and fleet.version is None
     finally:
         release.set()

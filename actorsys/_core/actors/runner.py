@@ -45,6 +45,7 @@ class EvalInvoker:
                 limiter=self.limiter,
                 description=f"eval of step {input.rollout_id}",
                 tracker=self.tracker,
+                hold_clock=False,
             )
         return await evaluate(checkpoint_dir, input)
 
