@@ -5,7 +5,9 @@ One root, a flat set of precise meanings; each error carries its context as attr
     ActorsysError
     ├── ConfigError             (also a ValueError) a config value, argument or staging dir
     │   │                         is unusable; ``field`` names it
-    │   └── ConfigTypeError       (also a TypeError) it has the wrong type
+    │   ├── ConfigTypeError       (also a TypeError) it has the wrong type
+    │   └── StagingInUseError     another live supervisor holds the staging dir: ``path``,
+    │                             ``pid`` (the holder's, None if it could not be read)
     ├── SubmitError             (also a ValueError) a submit call was malformed; ``step``;
     │   │                         nothing changed
     │   └── DuplicateStepError    the step was already submitted
@@ -50,6 +52,22 @@ class ConfigError(ActorsysError, ValueError):
 
 class ConfigTypeError(ConfigError, TypeError):
     """A configuration value or argument has the wrong type."""
+
+
+class StagingInUseError(ConfigError):
+    """The staging dir (``hf_dir``) belongs to another live supervisor, in this process or
+    another: one staging dir serves one job at a time. ``pid`` is the holder's process id
+    (None if it could not be read). Nothing of the holder's was touched."""
+
+    def __init__(self, path: str, pid: int | None) -> None:
+        holder = "another process" if pid is None else f"process {pid}"
+        super().__init__(
+            "hf_dir",
+            f"{path} is in use by {holder} (it holds {path}/.actorsys.lock); give this job its "
+            "own hf_dir, or wait until that one closes",
+        )
+        self.path = path
+        self.pid = pid
 
 
 class SubmitError(ActorsysError, ValueError):

@@ -1,13 +1,23 @@
-"""Where outcomes go. A sink is any object with a sync, non-blocking ``record(outcome)``."""
+"""Where outcomes go. A sink is any object with a sync, non-blocking ``record(outcome)``.
+
+The supervisor calls ``record`` in the trio thread, as each point settles (and, for a point
+refused at admission, before ``submit`` returns False): a sink must not do file or network I/O
+there. The sinks here hand it to a thread of their own (``JsonlSink``) or keep it in memory.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
+import queue
+import threading
 from typing import IO, Protocol
 
 from actorsys.outcome import Outcome
+
+log = logging.getLogger("actorsys.sinks")
 
 
 class Sink(Protocol):
@@ -31,23 +41,72 @@ class MemorySink:
 
 
 class JsonlSink:
-    """Appends one JSON object a line to ``path``, flushed per outcome.
+    """Appends one JSON object a line to ``path``, flushed per outcome, from a writer thread.
 
-    Values JSON cannot hold are written as their ``repr``. Call ``close()`` when done (the
-    supervisor does not own the sink).
+    ``record`` never blocks: it turns the outcome into its line (values JSON cannot hold are
+    written as their ``repr``) and hands it to the sink's own writer thread, which opens the
+    file at the first line, appends and flushes. A write that fails is logged by that thread
+    and counted in ``errors``; the lines after it are still tried. ``flush()`` blocks until
+    every line recorded so far is written; ``close()`` flushes and stops the thread (both block
+    the calling thread: from trio, call them through ``trio.to_thread.run_sync``). The
+    supervisor does not own the sink: whoever made it closes it. Recording after ``close``
+    starts a new writer.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
-        self._file: IO[str] | None = None
+        self.errors = 0
+        self._lines: queue.SimpleQueue[str | threading.Event | None] = queue.SimpleQueue()
+        self._writer: threading.Thread | None = None
+        self._lock = threading.Lock()
 
     def record(self, outcome: Outcome) -> None:
-        if self._file is None:
-            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open
-        self._file.write(json.dumps(dataclasses.asdict(outcome), default=repr) + "\n")
-        self._file.flush()
+        self._lines.put(json.dumps(dataclasses.asdict(outcome), default=repr) + "\n")
+        self._ensure_writer()
 
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+    def flush(self, timeout: float | None = None) -> bool:
+        """Block until the lines recorded so far are written (at most ``timeout`` seconds);
+        True if they are."""
+        if self._writer is None:
+            return True
+        written = threading.Event()
+        self._lines.put(written)
+        return written.wait(timeout)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Write what is recorded, close the file and stop the writer (waiting at most
+        ``timeout`` seconds for it; it is a daemon thread, so a hung disk never holds up the
+        interpreter's exit)."""
+        with self._lock:
+            writer, self._writer = self._writer, None
+            if writer is None:
+                return
+            self._lines.put(None)
+        writer.join(timeout)
+
+    def _ensure_writer(self) -> None:
+        with self._lock:
+            if self._writer is None:
+                self._writer = threading.Thread(
+                    target=self._write_lines, name=f"actorsys jsonl sink {self.path}", daemon=True
+                )
+                self._writer.start()
+
+    def _write_lines(self) -> None:
+        file: IO[str] | None = None
+        try:
+            while (line := self._lines.get()) is not None:
+                if isinstance(line, threading.Event):
+                    line.set()
+                    continue
+                try:
+                    if file is None:
+                        file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open
+                    file.write(line)
+                    file.flush()
+                except OSError:
+                    self.errors += 1
+                    log.exception("JsonlSink could not write to %s", self.path)
+        finally:
+            if file is not None:
+                file.close()

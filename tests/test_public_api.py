@@ -38,6 +38,7 @@ EXPECTED = {
     "RolloutFnTrainOutput",
     "SGLangEngine",
     "ServerEvalFn",
+    "StagingInUseError",
     "SubmitError",
     "SupervisorClosedError",
     "SupervisorGaveUpError",

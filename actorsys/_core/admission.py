@@ -21,6 +21,7 @@ from actorsys._core.point import Point, State
 from actorsys._core.submit import SubmitRequest, check_submit
 from actorsys._errors import SupervisorClosedError, SupervisorGaveUpError
 from actorsys.config import EvalConfig
+from actorsys.runtime import ThreadTracker, run_blocking
 from actorsys.snapshot import BufferLease, BufferPool, CapturedWeights, StatePlan
 
 log = logging.getLogger("actorsys")
@@ -48,6 +49,7 @@ class Admission:
         staging_dir: str | None,
         buffers: BufferPool,
         export_send: trio.MemorySendChannel[Point],
+        tracker: ThreadTracker,
     ) -> None:
         self.config = config
         self.flight = flight
@@ -57,6 +59,8 @@ class Admission:
         self.closing = False
         self.gave_up: Exception | None = None
         self._export_send = export_send
+        self._tracker = tracker
+        self._disk_limiter = trio.CapacityLimiter(1)
         self._steps: set[int] = set()
         self._reserved = 0
 
@@ -87,7 +91,7 @@ class Admission:
             return None
         reservation: Reservation | None = None
         try:
-            if nbytes and not self._disk_has_room(nbytes):
+            if nbytes and not await self._disk_has_room(nbytes):
                 error = f"{nbytes} bytes do not fit on {self.staging_dir}"
                 self._settle_at_once(point, "disk_budget", error)
             elif plan is None:
@@ -176,12 +180,21 @@ class Admission:
             await self.flight.wait_changed()
             self.check_open()
 
-    def _disk_has_room(self, nbytes: int) -> bool:
-        assert self.staging_dir is not None
+    async def _disk_has_room(self, nbytes: int) -> bool:
+        """Whether ``nbytes`` more fit on the staging dir's file system, beside the exports
+        still to be written (``statvfs`` in a worker thread, waited for)."""
+        staging_dir = self.staging_dir
+        assert staging_dir is not None
+        free = await run_blocking(
+            lambda: staging.free_bytes(staging_dir),
+            abandon_on_cancel=False,
+            limiter=self._disk_limiter,
+            description=f"free space of {staging_dir}",
+            tracker=self._tracker,
+        )
         pending = sum(
             ticket.point.weights.nbytes
             for ticket in self.flight
             if ticket.state is State.EXPORT and ticket.point.weights is not None
         )
-        free = staging.free_bytes(self.staging_dir)
         return free - pending - DISK_HEADROOM_BYTES >= nbytes

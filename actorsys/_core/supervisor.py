@@ -30,12 +30,14 @@ import trio
 from actorsys._core import close as _close
 from actorsys._core.admission import Reservation
 from actorsys._core.point import ExportFn
+from actorsys._core.staging_claim import StagingClaim, open_staging
 from actorsys._core.submit import SubmitRequest
 from actorsys._core.wiring import Wiring, check_collaborators, wire
 from actorsys._errors import SupervisorClosedError
 from actorsys.config import EvalConfig
 from actorsys.fleet import Fleet
 from actorsys.outcome import CloseReport, DrainReport, SupervisorStatistics
+from actorsys.runtime import ThreadTracker, run_blocking
 from actorsys.sinks import Sink
 from actorsys.snapshot import CapturedWeights, PoolStatistics, capture, prepare_weights
 
@@ -78,22 +80,45 @@ class EvalSupervisor:
         """Start the supervisor and its actors; leaving the block calls ``aclose()``.
 
         Raises :class:`~actorsys.ConfigError` before starting anything if the config, eval fn,
-        fleet, sink or staging dir is unusable. At start, tmp directories an earlier crashed
-        run left in ``hf_dir`` are removed.
+        fleet, sink or staging dir is unusable, and :class:`~actorsys.StagingInUseError` (a
+        ``ConfigError``, naming the holder's pid) if another live supervisor holds ``hf_dir``.
+        At start, in a worker thread, the staging dir is claimed (an OS lock, released when
+        the block is left) and the tmp directories an earlier crashed run left there are
+        removed (:mod:`actorsys._core.staging_claim`).
         """
         sup = cls(config, eval_fn=eval_fn, fleet=fleet, sink=sink)
-        wiring = sup._wire()
+        tracker = ThreadTracker()
+        claim = None
+        if config.staging_dir is not None:
+            claim = await open_staging(config.staging_dir, tracker)
+        try:
+            async with sup._run(claim, tracker):
+                yield sup
+        finally:
+            if claim is not None:
+                with trio.CancelScope(shield=True):
+                    await run_blocking(
+                        claim.release,
+                        abandon_on_cancel=False,
+                        limiter=trio.CapacityLimiter(1),
+                        description="releasing the staging dir",
+                        tracker=tracker,
+                    )
+
+    @asynccontextmanager
+    async def _run(self, claim: StagingClaim | None, tracker: ThreadTracker) -> AsyncIterator[None]:
+        wiring = self._wire(claim, tracker)
         body_error: BaseException | None = None
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(wiring.actors.run)
                 try:
-                    yield sup
+                    yield
                 except BaseException as exc:
                     body_error = exc
                     raise
                 finally:
-                    await sup.aclose()
+                    await self.aclose()
         except BaseExceptionGroup as group:
             # The actors never raise out of the nursery, so a lone error here is the caller's
             # own, from the body of the `async with`: give it back to them as they raised it.
@@ -101,7 +126,7 @@ class EvalSupervisor:
                 raise body_error from None
             raise
 
-    def _wire(self) -> Wiring:
+    def _wire(self, claim: StagingClaim | None, tracker: ThreadTracker) -> Wiring:
         self._wiring = wire(
             self.config,
             eval_fn=self.eval_fn,
@@ -109,6 +134,8 @@ class EvalSupervisor:
             fleets=self._fleets,
             on_crash=self._on_crash,
             on_give_up=self._on_give_up,
+            staging_dir=None if claim is None else claim.path,
+            tracker=tracker,
         )
         return self._wiring
 

@@ -18,7 +18,6 @@ from typing import Any
 
 import trio
 
-from actorsys import staging
 from actorsys._core.actors.exporter import Exporter
 from actorsys._core.actors.pinner import FleetPinner
 from actorsys._core.actors.retirer import Retirer
@@ -87,19 +86,12 @@ def wire(
     fleets: Sequence[Fleet | None],
     on_crash: Callable[[str, Exception], None],
     on_give_up: Callable[[Exception], None],
+    staging_dir: str | None,
+    tracker: ThreadTracker,
 ) -> Wiring:
-    """Build the actors of one supervisor (in the trio thread that will run them), after
-    preparing the staging dir: tmp dirs an earlier crashed run left there are removed.
-
-    Raises :class:`~actorsys.ConfigError` if the staging dir is unusable.
-    """
-    staging_dir = config.staging_dir
-    if staging_dir is not None:
-        staging_dir = staging.prepare_staging_dir(staging_dir)
-        for path in staging.sweep(staging_dir):
-            log.info("removed %s left by an earlier run", path)
+    """Build the actors of one supervisor (in the trio thread that will run them), exporting
+    into ``staging_dir`` (already claimed and prepared, :mod:`actorsys._core.staging_claim`)."""
     flight = Flight()
-    tracker = ThreadTracker()
     buffers = BufferPool(
         config.max_in_flight, on_free=flight.wake_from_any_thread, prepare_spares=True
     )
@@ -113,7 +105,7 @@ def wire(
     pinner = FleetPinner(config, flight, retirer, fleets)
     invoker = EvalInvoker(eval_fn, tracker)
     runner = EvalRunner(config, flight, retirer, pinner, invoker)
-    admission = Admission(config, flight, retirer, staging_dir, buffers, export_send)
+    admission = Admission(config, flight, retirer, staging_dir, buffers, export_send, tracker)
 
     async def run_exporter() -> None:
         await exporter.run(export_recv.clone(), pin_send.clone())

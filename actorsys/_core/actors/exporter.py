@@ -1,17 +1,20 @@
 """Exporter: turns a submitted point into a complete checkpoint directory on disk.
 
 It owns the points waiting for their export and the one being written, and the captured
-weights until the snapshot is written. The write of captured weights, with every fsync of the
-snapshot, runs in a worker thread; a tmp dir an export did not finish goes on with the point
-for the Retirer to delete (in its thread). What stays
-in the trio thread is metadata on the staging dir: creating the tmp dir, the rename that
-publishes it (with the fsync of the staging dir), and the seal of a delegated export (whose
-files the export fn wrote and flushed itself).
+weights until the snapshot is written. No file operation runs in the trio thread. The write
+of captured weights, with every fsync of the snapshot, runs in a worker thread that a timeout
+or a drop abandons (it writes only into the point's tmp dir); a tmp dir an export did not
+finish goes on with the point for the Retirer to delete. The metadata operations (checking a
+given checkpoint, creating the tmp dir, sealing a delegated export, the rename that publishes
+a snapshot with the fsync of the staging dir) run in worker threads that are waited for: each
+is a few system calls, and an abandoned rename could publish a snapshot nobody retires.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import TypeVar
 
 import trio
 
@@ -26,6 +29,8 @@ from actorsys.runtime import ThreadTracker, run_blocking
 from actorsys.snapshot import write_snapshot
 
 NAME = "exporter"
+
+T = TypeVar("T")
 
 
 class Exporter(SequentialStage):
@@ -47,6 +52,7 @@ class Exporter(SequentialStage):
         self.staging_dir = staging_dir
         self.tracker = tracker
         self.write_limiter = trio.CapacityLimiter(config.max_in_flight)
+        self.file_limiter = trio.CapacityLimiter(1)
         self._scratch: dict[int, str] = {}
 
     def leave(self, point: Point, *, done: bool) -> Point:
@@ -58,30 +64,34 @@ class Exporter(SequentialStage):
 
     async def work(self, point: Point) -> Result:
         if point.source is Source.CHECKPOINT:
-            return self._check_existing(point)
+            return await self._files(lambda: _check_existing(point), f"check of step {point.step}")
         timeout = self.config.export_timeout
         with within(timeout) as deadline:
             return await self._write(point)
         assert deadline.cancelled_caught
         return Skip("export_timeout", f"export took longer than {timeout} s")
 
-    def _check_existing(self, point: Point) -> Result:
-        path = point.checkpoint
-        assert path is not None
-        if not os.path.isdir(path):
-            return Skip("ckpt_missing", f"{path} is not a directory")
-        if point.require_marker and not staging.is_complete(path):
-            return Skip("ckpt_missing", f"{path} has no {staging.COMPLETE} marker")
-        return Done(point.but(snapshot=path))
+    async def _files(self, fn: Callable[[], T], description: str) -> T:
+        """A few metadata operations on the staging dir, in a worker thread; waited for even
+        when cancelled (see the module's docstring)."""
+        return await run_blocking(
+            fn,
+            abandon_on_cancel=False,
+            limiter=self.file_limiter,
+            description=description,
+            tracker=self.tracker,
+        )
 
     async def _write(self, point: Point) -> Result:
         staging_dir = self.staging_dir
         assert staging_dir is not None
         step = point.step
         try:
+            directory = self._scratch[step] = staging.tmp_path(staging_dir, step)
             if point.source is Source.WEIGHTS:
-                directory = staging.tmp_path(staging_dir, step)
-                self._scratch[step] = staging.make_tmp_dir(directory, durable=False)
+                await self._files(
+                    lambda: staging.make_tmp_dir(directory, durable=False), f"tmp dir of step {step}"
+                )
                 await run_blocking(
                     lambda: self._write_weights(point, directory),
                     abandon_on_cancel=True,
@@ -90,16 +100,13 @@ class Exporter(SequentialStage):
                     tracker=self.tracker,
                 )
             else:
-                # A delegated export: the tmp dir and the seal are a few metadata writes,
-                # done here so no thread hop delays the point (the export itself awaits).
-                directory = self._scratch[step] = staging.new_tmp_dir(staging_dir, step)
+                await self._files(lambda: staging.make_tmp_dir(directory), f"tmp dir of step {step}")
                 assert point.export is not None
                 await point.export(step, directory)
-                if not staging.has_weights(directory):
+                if not await self._files(lambda: _seal_delegated(directory), f"seal of step {step}"):
                     return Skip("export_failed", f"export of step {step} wrote no weight files")
-                staging.seal(directory)
             final = staging.final_dir(staging_dir, step)
-            staging.install(directory, final)
+            await self._files(lambda: staging.install(directory, final), f"publish of step {step}")
             del self._scratch[step]
             return Done(point.but(snapshot=final))
         except Exception as exc:
@@ -117,3 +124,22 @@ class Exporter(SequentialStage):
             max_shard_size=self.config.max_shard_size,
         )
         staging.seal(tmp)
+
+
+def _check_existing(point: Point) -> Result:
+    path = point.checkpoint
+    assert path is not None
+    if not os.path.isdir(path):
+        return Skip("ckpt_missing", f"{path} is not a directory")
+    if point.require_marker and not staging.is_complete(path):
+        return Skip("ckpt_missing", f"{path} has no {staging.COMPLETE} marker")
+    return Done(point.but(snapshot=path))
+
+
+def _seal_delegated(directory: str) -> bool:
+    """Seal what a delegated export wrote (it wrote and flushed its files itself); False if it
+    wrote no weight file."""
+    if not staging.has_weights(directory):
+        return False
+    staging.seal(directory)
+    return True

@@ -19,7 +19,13 @@ from actorsys._core.point import Point, State, Ticket
 from actorsys.config import EvalConfig
 from actorsys.contracts import EvalSkip, RolloutFnEvalInput, RolloutFnEvalOutput
 from actorsys.outcome import DURATION_SECONDS
-from actorsys.runtime import AsyncioThread, ThreadTracker, run_blocking
+from actorsys.runtime import (
+    AsyncioThread,
+    EvalThreads,
+    ThreadTracker,
+    evaluating_with,
+    run_blocking,
+)
 
 NAME = "runner"
 
@@ -33,6 +39,7 @@ class EvalInvoker:
         self.tracker = tracker
         self.asyncio_thread = AsyncioThread()
         self.limiter = trio.CapacityLimiter(64)
+        self.threads = EvalThreads(tracker, self.limiter)
 
     async def __call__(self, checkpoint_dir: str, input: RolloutFnEvalInput) -> Any:  # noqa: A002
         evaluate = self.eval_fn.evaluate_checkpoint
@@ -47,7 +54,8 @@ class EvalInvoker:
                 tracker=self.tracker,
                 hold_clock=False,
             )
-        return await evaluate(checkpoint_dir, input)
+        with evaluating_with(self.threads):
+            return await evaluate(checkpoint_dir, input)
 
 
 class EvalRunner(Stage):
