@@ -24,18 +24,17 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import os
 import time
 from collections.abc import Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, Unpack
 
 import torch
 
 from actorsys.config import require_seconds
 from actorsys.outcome import CloseReport, DrainReport
 from actorsys.snapshot import PoolStatistics
-from actorsys.supervisor import SubmitRequest
+from actorsys.supervisor import SubmitArguments, SubmitRequest
 from bridge._budgets import drains_on_exit
 from bridge._host_loop import on_host_loop
 from bridge._runtime import BridgeBase
@@ -93,13 +92,8 @@ class AsyncEvalBridge(BridgeBase):
         self,
         step: int,
         *,
-        model: torch.nn.Module | None = None,
-        state_dict: Mapping[str, torch.Tensor] | None = None,
-        export: Any = None,
-        checkpoint_dir: str | os.PathLike[str] | None = None,
-        require_marker: bool | None = None,
-        force: bool = False,
         timeout: float | None = None,  # noqa: ASYNC109 - a budget is the bridge's job
+        **arguments: Unpack[SubmitArguments],
     ) -> bool:
         """As :meth:`bridge.EvalBridge.submit`. The wait for a slot suspends only this task;
         the weight copy runs on the loop's thread and blocks it for the copy, so the trainer
@@ -110,13 +104,11 @@ class AsyncEvalBridge(BridgeBase):
         what this loop awaits; the supervisor's ``export_timeout`` and close cancel its task.
         """
         rt = self._rt
+        export = arguments.get("export")
         if callable(export):
-            export = on_host_loop(export, asyncio.get_running_loop())
-        request = SubmitRequest(
-            step, model=model, state_dict=state_dict, export=export,
-            checkpoint_dir=checkpoint_dir, require_marker=require_marker, force=force,
-        )
-        bound = rt.reserve_bound(timeout, force)
+            arguments["export"] = on_host_loop(export, asyncio.get_running_loop())
+        request = SubmitRequest(step, **arguments)
+        bound = rt.reserve_bound(timeout, request.force)
         call = rt.post_reserve(request)
         try:
             await self._wait(call.future, bound)

@@ -14,18 +14,17 @@ Example::
 from __future__ import annotations
 
 import concurrent.futures
-import os
 import time
 from collections.abc import Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, Unpack
 
 import torch
 
 from actorsys.config import require_seconds
 from actorsys.outcome import CloseReport, DrainReport
 from actorsys.snapshot import PoolStatistics
-from actorsys.supervisor import SubmitRequest
+from actorsys.supervisor import SubmitArguments, SubmitRequest
 from bridge._budgets import drains_on_exit
 from bridge._runtime import BridgeBase
 
@@ -80,16 +79,7 @@ class EvalBridge(BridgeBase):
         self.close(drain=drains_on_exit(exc))
 
     def submit(
-        self,
-        step: int,
-        *,
-        model: torch.nn.Module | None = None,
-        state_dict: Mapping[str, torch.Tensor] | None = None,
-        export: Any = None,
-        checkpoint_dir: str | os.PathLike[str] | None = None,
-        require_marker: bool | None = None,
-        force: bool = False,
-        timeout: float | None = None,
+        self, step: int, *, timeout: float | None = None, **arguments: Unpack[SubmitArguments]
     ) -> bool:
         """Hand the weights of ``step`` to the pipeline; True if admitted.
 
@@ -107,11 +97,8 @@ class EvalBridge(BridgeBase):
         An interrupt during the wait admits nothing.
         """
         rt = self._rt
-        request = SubmitRequest(
-            step, model=model, state_dict=state_dict, export=export,
-            checkpoint_dir=checkpoint_dir, require_marker=require_marker, force=force,
-        )
-        bound = rt.reserve_bound(timeout, force)
+        request = SubmitRequest(step, **arguments)
+        bound = rt.reserve_bound(timeout, request.force)
         call = rt.post_reserve(request)
         try:
             wait_any([call.future, rt.trio.finished], bound)

@@ -1,14 +1,16 @@
-"""A submit call as one frozen request, and its validation into the point it admits.
+"""The arguments of ``submit``, written once, and their validation into the point they admit.
 
-``EvalSupervisor.submit`` and both bridges build a :class:`SubmitRequest` from their keyword
-arguments; everything after that (validation, admission, the weight copy) takes the request.
+:class:`SubmitArguments` is the one list of ``submit``'s keyword arguments:
+``EvalSupervisor.submit`` and both bridges' ``submit`` take ``**arguments:
+Unpack[SubmitArguments]`` and build a :class:`SubmitRequest` from them; everything after that
+(validation, admission, the weight copy) takes the request.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Container, Mapping
-from dataclasses import dataclass
+from typing import Any, TypedDict, Unpack
 
 import torch
 
@@ -17,23 +19,51 @@ from actorsys._errors import DuplicateStepError, SubmitError
 from actorsys.config import EvalConfig
 from actorsys.snapshot import StatePlan, plan_state
 
+SOURCES = ("model", "state_dict", "export", "checkpoint_dir")
 
-@dataclass(frozen=True, eq=False)
+
+class SubmitArguments(TypedDict, total=False):
+    """The keyword arguments of ``submit(step, ...)``; see :meth:`actorsys.EvalSupervisor.submit`.
+
+    Exactly one source (``model``, ``state_dict``, ``export``, ``checkpoint_dir``), or none in
+    reuse mode; ``require_marker`` only with ``checkpoint_dir``; ``force`` never drops."""
+
+    model: torch.nn.Module | None
+    state_dict: Mapping[str, torch.Tensor] | None
+    export: ExportFn | None
+    checkpoint_dir: str | os.PathLike[str] | None
+    require_marker: bool | None
+    force: bool
+
+
 class SubmitRequest:
-    """The arguments of one ``submit(step, ...)``; see :meth:`actorsys.EvalSupervisor.submit`."""
+    """One ``submit(step, **arguments)``, as a host hands it to ``EvalSupervisor.reserve``.
 
-    step: int
-    model: torch.nn.Module | None = None
-    state_dict: Mapping[str, torch.Tensor] | None = None
-    export: ExportFn | None = None
-    checkpoint_dir: str | os.PathLike[str] | None = None
-    require_marker: bool | None = None
-    force: bool = False
+    Raises :class:`~actorsys.SubmitError` for a keyword ``submit`` does not take.
+    """
+
+    __slots__ = ("arguments", "step")
+
+    def __init__(self, step: int, **arguments: Unpack[SubmitArguments]) -> None:
+        unknown = sorted(set(arguments) - set(SubmitArguments.__annotations__))
+        if unknown:
+            raise SubmitError(step, f"unknown argument {', '.join(unknown)}")
+        self.step = step
+        self.arguments: SubmitArguments = arguments
+
+    def __repr__(self) -> str:
+        given = ", ".join(f"{k}=..." for k, v in self.arguments.items() if v is not None)
+        return f"SubmitRequest({self.step!r}{', ' if given else ''}{given})"
+
+    @property
+    def force(self) -> bool:
+        return self.arguments.get("force", False)
 
     @property
     def weights_source(self) -> torch.nn.Module | Mapping[str, torch.Tensor] | None:
         """What the weight copy reads: the model or the state dict, if either was given."""
-        return self.model if self.model is not None else self.state_dict
+        model = self.arguments.get("model")
+        return model if model is not None else self.arguments.get("state_dict")
 
 
 def check_submit(
@@ -44,16 +74,14 @@ def check_submit(
     Raises :class:`~actorsys.SubmitError` (naming the argument and the fix) for a malformed
     request and :class:`~actorsys.DuplicateStepError` for a step in ``submitted``.
     """
-    step, force, require_marker = request.step, request.force, request.require_marker
+    args: Mapping[str, Any] = request.arguments
+    step, force, require_marker = request.step, request.force, args.get("require_marker")
+    checkpoint_dir, export = args.get("checkpoint_dir"), args.get("export")
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise SubmitError(step, "step must be an integer >= 0")
     if step in submitted:
         raise DuplicateStepError(step, "this step was already submitted; each step is evaluated once")
-    given = [
-        name
-        for name in ("model", "state_dict", "export", "checkpoint_dir")
-        if getattr(request, name) is not None
-    ]
+    given = [name for name in SOURCES if args.get(name) is not None]
     if len(given) > 1:
         raise SubmitError(step, f"pass exactly one source, got {', '.join(sorted(given))}")
     if not isinstance(force, bool):
@@ -70,10 +98,9 @@ def check_submit(
             )
         marker = True if require_marker is None else require_marker
         return Point(step, Source.CHECKPOINT, force, checkpoint=reuse, require_marker=marker), None
-    if require_marker is not None and request.checkpoint_dir is None:
+    if require_marker is not None and checkpoint_dir is None:
         raise SubmitError(step, "require_marker applies only to checkpoint_dir=")
-    if request.checkpoint_dir is not None:
-        checkpoint_dir = request.checkpoint_dir
+    if checkpoint_dir is not None:
         if not isinstance(checkpoint_dir, str | os.PathLike):
             raise SubmitError(step, f"checkpoint_dir must be a path, got {checkpoint_dir!r}")
         path = os.path.abspath(os.fspath(checkpoint_dir))
@@ -81,13 +108,11 @@ def check_submit(
         return Point(step, Source.CHECKPOINT, force, checkpoint=path, require_marker=marker), None
     if config.staging_dir is None:
         raise SubmitError(step, f"{given[0]}= needs EvalConfig.hf_dir to export into")
-    if request.export is not None:
-        if not callable(request.export):
-            raise SubmitError(
-                step, f"export must be an async callable (step, path), got {request.export!r}"
-            )
-        return Point(step, Source.EXPORT, force, export=request.export), None
-    model, state_dict = request.model, request.state_dict
+    if export is not None:
+        if not callable(export):
+            raise SubmitError(step, f"export must be an async callable (step, path), got {export!r}")
+        return Point(step, Source.EXPORT, force, export=export), None
+    model, state_dict = args.get("model"), args.get("state_dict")
     if model is not None and not isinstance(model, torch.nn.Module):
         raise SubmitError(step, f"model must be a torch.nn.Module, got {type(model).__name__}")
     if state_dict is not None and not isinstance(state_dict, Mapping):

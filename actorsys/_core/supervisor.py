@@ -19,19 +19,17 @@ Nothing an evaluation does is raised here: it settles as an :class:`~actorsys.Ou
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Unpack
 
 import torch
 import trio
 
 from actorsys._core import close as _close
 from actorsys._core.admission import Reservation
-from actorsys._core.point import ExportFn
 from actorsys._core.staging_claim import StagingClaim, open_staging
-from actorsys._core.submit import SubmitRequest
+from actorsys._core.submit import SubmitArguments, SubmitRequest
 from actorsys._core.wiring import Wiring, check_collaborators, wire
 from actorsys._errors import SupervisorClosedError
 from actorsys.config import EvalConfig
@@ -167,23 +165,15 @@ class EvalSupervisor:
 
     # -- admission -------------------------------------------------------------------------
 
-    async def submit(
-        self,
-        step: int,
-        *,
-        model: torch.nn.Module | None = None,
-        state_dict: Mapping[str, torch.Tensor] | None = None,
-        export: ExportFn | None = None,
-        checkpoint_dir: str | os.PathLike[str] | None = None,
-        require_marker: bool | None = None,
-        force: bool = False,
-    ) -> bool:
+    async def submit(self, step: int, **arguments: Unpack[SubmitArguments]) -> bool:
         """Hand the weights of ``step`` to the pipeline; True if admitted.
 
-        Exactly one source: ``model`` / ``state_dict`` (copied to CPU before this returns, so
-        the trainer may change them right after), ``export`` (``async (step, path)`` that
-        writes the checkpoint into ``path``), or ``checkpoint_dir`` (an existing checkpoint,
-        never deleted). With ``save_hf`` set and no ``hf_dir``, no source evaluates the
+        The arguments (``SubmitArguments``, all keyword-only): ``model=None, state_dict=None,
+        export=None, checkpoint_dir=None, require_marker=None, force=False``. Exactly one
+        source: ``model`` / ``state_dict`` (copied to CPU before this returns, so the trainer
+        may change them right after), ``export`` (``async (step, path)`` that writes the
+        checkpoint into ``path``), or ``checkpoint_dir`` (an existing checkpoint, never
+        deleted). With ``save_hf`` set and no ``hf_dir``, no source evaluates the
         trainer's own saved checkpoint of ``step``.
 
         Always a checkpoint, so a trio trainer that only awaits ``submit`` lets the actors
@@ -195,10 +185,7 @@ class EvalSupervisor:
         once the supervisor admits nothing; neither changes any state.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
-        request = SubmitRequest(
-            step, model=model, state_dict=state_dict, export=export,
-            checkpoint_dir=checkpoint_dir, require_marker=require_marker, force=force,
-        )
+        request = SubmitRequest(step, **arguments)
         reservation = await self.reserve(request)
         if reservation is None:
             await trio.lowlevel.cancel_shielded_checkpoint()
