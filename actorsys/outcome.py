@@ -27,10 +27,14 @@ SKIP_REASONS: tuple[str, ...] = (
 )
 """The reasons actorsys itself gives; an eval fn may add its own through ``EvalSkip``."""
 
+METRIC_PREFIX = "eval/"
+"""Every metric an outcome carries is named ``eval/...``."""
 LAG_STEPS = "eval/lag_steps"
 DURATION_SECONDS = "eval/duration_seconds"
 EXPORT_TIME_SECONDS = "eval/export_time_seconds"
 PIN_TIME_SECONDS = "eval/pin_time_seconds"
+PIPELINE_METRICS: tuple[str, ...] = (LAG_STEPS, DURATION_SECONDS, EXPORT_TIME_SECONDS, PIN_TIME_SECONDS)
+"""The metrics the pipeline itself adds to every point (the eval fn adds the scores)."""
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""A sequence of sinks as one: ``sink=[JsonlSink(path), TensorBoardSink(logdir)]``.
+"""A sequence of sinks as one: ``sink=[JsonlSink(path), TensorBoardSink(logdir)]``; and a
+callback as a sink, for hosts that run a supervisor and must learn what settled.
 
 Every outcome goes to every sink, in order. A sink that raises is logged and skipped for that
 outcome; the others still get it, and the pipeline never sees the error.
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from actorsys._errors import ConfigError
@@ -43,6 +44,25 @@ class FanoutSink:
                 close()
             except Exception:
                 log.exception("sink %r failed to close", sink)
+
+
+class CallbackSink:
+    """Calls ``on_record(outcome)`` for every outcome, in the trio thread as it settles (so,
+    as every sink, ``on_record`` must not block): how the bridge and the watch service hear
+    of each settled point. ``FanoutSink([host_sink, CallbackSink(fn)])`` records into the
+    host's sink first."""
+
+    def __init__(self, on_record: Callable[[Outcome], None]) -> None:
+        self.on_record = on_record
+
+    def __repr__(self) -> str:
+        return f"CallbackSink({self.on_record!r})"
+
+    def record(self, outcome: Outcome) -> None:
+        self.on_record(outcome)
+
+    def close(self) -> None:
+        """Nothing to release: whoever gave the callback owns what it writes."""
 
 
 def as_sink(sink: Sink | Sequence[Sink] | None) -> Sink:

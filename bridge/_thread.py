@@ -25,6 +25,7 @@ import trio
 from actorsys.config import EvalConfig
 from actorsys.outcome import Outcome, SupervisorStatistics
 from actorsys.sinks import Sink
+from actorsys.sinks_fanout import CallbackSink, FanoutSink
 from actorsys.supervisor import EvalSupervisor
 
 log = logging.getLogger("actorsys.bridge")
@@ -42,20 +43,6 @@ class Command:
     """Runs in the dispatcher task; starts a task in the nursery for anything that waits."""
     refuse: Callable[[], None] = nothing
     """Runs instead if the trio side is gone or never came up; never raises."""
-
-
-class _Recorder:
-    """The sink the supervisor sees: the host's sink, then the thread's own record."""
-
-    def __init__(self, sink: Sink, settled: Callable[[Outcome], None]) -> None:
-        self._sink = sink
-        self._settled = settled
-
-    def record(self, outcome: Outcome) -> None:
-        try:
-            self._sink.record(outcome)
-        finally:
-            self._settled(outcome)
 
 
 class TrioThread:
@@ -170,7 +157,7 @@ class TrioThread:
 
     async def _main(self) -> None:
         inbox_send, inbox_recv = trio.open_memory_channel[Command](math.inf)
-        recorder = _Recorder(self.sink, self._on_settled)
+        recorder = FanoutSink([self.sink, CallbackSink(self._on_settled)])
         async with EvalSupervisor.open(
             self.config, eval_fn=self._eval_fn, fleet=self._fleet, sink=recorder
         ) as sup:

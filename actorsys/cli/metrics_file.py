@@ -13,14 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from actorsys.outcome import PIPELINE_METRICS
+
 log = logging.getLogger("actorsys.cli")
 
-PIPELINE_METRICS = (
-    "eval/lag_steps",
-    "eval/duration_seconds",
-    "eval/export_time_seconds",
-    "eval/pin_time_seconds",
-)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ import sys
 
 from actorsys.cli._conventions import add_log_level, existing_file, setup_logging
 from actorsys.cli.metrics_file import Point, read_points, score_metrics
+from actorsys.outcome import DURATION_SECONDS, LAG_STEPS, METRIC_PREFIX
 
 MAX_COLUMNS = 4
 
@@ -46,14 +47,14 @@ def print_table(points: list[Point], *, title: str | None = None) -> None:
     table.add_column("step", justify="right")
     table.add_column("status")
     for name in columns:
-        table.add_column(name.removeprefix("eval/"), justify="right")
+        table.add_column(name.removeprefix(METRIC_PREFIX), justify="right")
     table.add_column("lag (steps)", justify="right")
     table.add_column("eval (s)", justify="right")
     for point in sorted(points, key=lambda p: p.step):
         status = "ok" if point.ok else f"[yellow]{point.status}: {point.reason}[/]"
         cells = [_number(point.metrics.get(name)) for name in columns]
-        lag = _number(point.metrics.get("eval/lag_steps"), digits=0)
-        duration = _number(point.metrics.get("eval/duration_seconds"), digits=2)
+        lag = _number(point.metrics.get(LAG_STEPS), digits=0)
+        duration = _number(point.metrics.get(DURATION_SECONDS), digits=2)
         table.add_row(str(point.step), status, *cells, lag, duration)
     ok = sum(p.ok for p in points)
     table.caption = f"{ok} ok, {len(points) - ok} not ok"

@@ -17,7 +17,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from actorsys.outcome import Outcome
+from actorsys.outcome import DURATION_SECONDS, LAG_STEPS, METRIC_PREFIX, Outcome
 
 
 class DemoProgress:
@@ -73,18 +73,18 @@ class DemoProgress:
         )
         table = Table(title="eval points, as they land", title_justify="left", expand=False)
         table.add_column("step", justify="right")
-        table.add_column(self.score.removeprefix("eval/"), justify="right")
+        table.add_column(self.score.removeprefix(METRIC_PREFIX), justify="right")
         table.add_column("lag (steps)", justify="right")
         table.add_column("eval (s)", justify="right")
         table.add_column("trainer stall (ms)", justify="right")
         for outcome in outcomes:
-            lag = outcome.metrics.get("eval/lag_steps")
+            lag = outcome.metrics.get(LAG_STEPS)
             lag_text = "" if lag is None else f"{lag:.0f}"
             stall = stalls.get(outcome.step)
             stall_text = "" if stall is None else f"{stall * 1000:.1f}"
             if outcome.ok:
                 score = outcome.metrics.get(self.score)
-                duration = outcome.metrics.get("eval/duration_seconds")
+                duration = outcome.metrics.get(DURATION_SECONDS)
                 table.add_row(
                     str(outcome.step),
                     "" if score is None else f"{score:.2f}",

@@ -30,6 +30,7 @@ from actorsys.config import EvalConfig
 from actorsys.fleet.engine import Fleet
 from actorsys.outcome import Outcome
 from actorsys.sinks import Sink
+from actorsys.sinks_fanout import CallbackSink
 from actorsys.supervisor import EvalSupervisor
 from actorsys.watch.ledger import DONE, FAILED, SKIPPED, VANISHED, Ledger
 from actorsys.watch.scan import Checkpoint, scan
@@ -157,7 +158,7 @@ class Watcher:
         submitted: set[int] = set()
         config = self._config(max(1, len(fleets)))
         async with EvalSupervisor.open(
-            config, eval_fn=self.eval_fn, fleet=fleets or None, sink=_Recorder(self)
+            config, eval_fn=self.eval_fn, fleet=fleets or None, sink=CallbackSink(self.settled)
         ) as sup:
             self._supervisor = sup
             while True:
@@ -226,19 +227,6 @@ class Watcher:
                "eval_key": self.eval_key}
         with open(self.metrics_path, "a", encoding="utf-8") as f:
             f.write(json.dumps(row, default=repr) + "\n")
-
-
-class _Recorder:
-    """The supervisor's sink: hands every outcome to the watcher (sync; writes the ledger)."""
-
-    def __init__(self, watcher: Watcher) -> None:
-        self.watcher = watcher
-
-    def record(self, outcome: Outcome) -> None:
-        self.watcher.settled(outcome)
-
-    def close(self) -> None:
-        """The watcher owns the files; nothing to release here."""
 
 
 def eval_key(datasets: Sequence[Any]) -> str:
