@@ -24,6 +24,7 @@ from typing import Any, Literal, overload
 
 from actorsys import _flags
 from actorsys._errors import ConfigError
+from actorsys.flag_groups import add_registered_flags
 
 Overflow = Literal["backpressure", "skip", "latest"]
 OVERFLOW_POLICIES: tuple[Overflow, ...] = ("backpressure", "skip", "latest")
@@ -106,11 +107,12 @@ class EvalConfig:
         ``--eval-pin-timeout``, ``--eval-close-timeout``, ``--eval-probe on|off``; and miles' eval-data flags
         (``--eval-prompt-data``, ``--eval-config``, ``--n-samples-per-eval-prompt``, ...; read
         them back with :func:`actorsys.evals.datasets_from_args`). Flags the parser already
-        defines are left to it. A bad value is an argparse error naming the flag."""
-        from actorsys.evals.flags import add_dataset_arguments
+        defines are left to it. A bad value is an argparse error naming the flag.
 
+        The eval-data flags belong to :mod:`actorsys.evals`, which registers them
+        (:mod:`actorsys.flag_groups`): the config imports no feature."""
         group = _flags.add_arguments(parser, cls)
-        add_dataset_arguments(group)
+        add_registered_flags(group)
         return group
 
     @classmethod

@@ -14,7 +14,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from actorsys._concurrent import wait_future
+from actorsys.runtime import wait_future
 
 HostExport = Callable[[int, str], Awaitable[Any]]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from actorsys.cli.metrics_file import Point, score_metrics
+from actorsys.metrics_file import Point, score_metrics
 
 MAX_LINES = 8
 

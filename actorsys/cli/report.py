@@ -8,7 +8,7 @@ import argparse
 import sys
 
 from actorsys.cli._conventions import add_log_level, existing_file, setup_logging
-from actorsys.cli.metrics_file import Point, read_points, score_metrics
+from actorsys.metrics_file import Point, read_points, score_metrics
 from actorsys.outcome import DURATION_SECONDS, LAG_STEPS, METRIC_PREFIX
 
 MAX_COLUMNS = 4

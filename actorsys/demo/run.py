@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 import torch
 from rich.console import Console
 
-from actorsys.cli.metrics_file import Point
 from actorsys.config import EvalConfig
 from actorsys.demo.addition import ANSWER_TOKENS, write_base_checkpoint
 from actorsys.demo.fleet_thread import FleetThread
 from actorsys.demo.progress import DemoProgress
 from actorsys.fleet.local import VLLM_PYTHON
+from actorsys.metrics_file import Point
 from actorsys.outcome import Outcome
 from actorsys.sinks import JsonlSink
 from actorsys.sinks_fanout import FanoutSink

@@ -1,5 +1,6 @@
-"""miles' eval flags, on :meth:`EvalConfig.add_arguments <actorsys.EvalConfig.add_arguments>`,
-and :func:`datasets_from_args`, which turns them into datasets.
+"""miles' eval flags, on :meth:`EvalConfig.add_arguments <actorsys.EvalConfig.add_arguments>`
+(registered there through :mod:`actorsys.flag_groups` when this module is imported), and
+:func:`datasets_from_args`, which turns them into datasets.
 
 ``--eval-prompt-data NAME PATH [NAME PATH ...]`` and ``--eval-config FILE`` say what to
 evaluate; ``--n-samples-per-eval-prompt``, ``--eval-max-response-len``, ``--eval-temperature``,
@@ -25,6 +26,7 @@ from actorsys._flags import Flag
 from actorsys.evals.datasets import DatasetError, EvalDataset
 from actorsys.evals.eval_config import load_eval_config
 from actorsys.evals.scorers import MILES_RM_TYPES, SCORERS, check_scorer
+from actorsys.flag_groups import register_flags
 
 SETTING_FLAGS = (
     Flag("--n-samples-per-eval-prompt", "n_samples", int, "N",
@@ -65,6 +67,7 @@ class _Pairs(argparse.Action):
         setattr(namespace, self.dest, items)
 
 
+@register_flags
 def add_dataset_arguments(group: argparse._ArgumentGroup) -> None:
     """Add the eval-data flags to ``group`` (skipping flags its parser already defines)."""
     try:

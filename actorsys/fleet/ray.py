@@ -40,7 +40,6 @@ import httpx
 import sniffio
 import trio
 
-from actorsys._concurrent import wait_future
 from actorsys._errors import ConfigError
 from actorsys.fleet._process import ManagedProcess, spawn
 from actorsys.fleet.engine import Engine, EngineUnhealthyError, Fleet
@@ -53,6 +52,7 @@ from actorsys.fleet.local import (
     vllm,
 )
 from actorsys.fleet.probe import ProbedEngine, ProbeUnsupportedError
+from actorsys.runtime import wait_future
 
 log = logging.getLogger("actorsys.fleet")
 

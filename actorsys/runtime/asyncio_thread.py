@@ -11,7 +11,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from actorsys._concurrent import wait_future
+from actorsys.runtime.futures import wait_future
 
 T = TypeVar("T")
 

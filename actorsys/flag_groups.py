@@ -1,0 +1,32 @@
+"""Flags that features add to :meth:`EvalConfig.add_arguments <actorsys.EvalConfig.add_arguments>`.
+
+The config is a contract every feature builds on, so it imports none of them: a feature whose
+settings are trainer flags too (the eval datasets: ``--eval-prompt-data``, ``--eval-config``,
+...) registers the function that adds them here when it is imported, and
+``EvalConfig.add_arguments`` calls every registered one on its argument group. The package
+``actorsys`` imports every feature that registers, so importing anything from it is enough.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+AddFlags = Callable[[argparse._ArgumentGroup], None]
+"""Adds a feature's flags to the evaluation argument group (skipping those the parser has)."""
+
+_REGISTERED: list[AddFlags] = []
+
+
+def register_flags(add: AddFlags) -> AddFlags:
+    """Have ``EvalConfig.add_arguments`` call ``add(group)``; returns ``add`` (a decorator).
+    Registering one function twice adds it once."""
+    if add not in _REGISTERED:
+        _REGISTERED.append(add)
+    return add
+
+
+def add_registered_flags(group: argparse._ArgumentGroup) -> None:
+    """Add every registered feature's flags to ``group``, in the order they registered."""
+    for add in _REGISTERED:
+        add(group)

@@ -1,0 +1,190 @@
+"""The import graph of actorsys and bridge, read from their source: bridge imports nothing
+private of actorsys, no module imports one of a higher layer, and no two modules import each
+other, directly or through others."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("actorsys", "bridge")
+
+LAYERS: tuple[frozenset[str], ...] = (
+    frozenset({"_errors", "_flags", "flag_groups", "runtime"}),
+    frozenset({"config", "contracts", "staging"}),
+    frozenset({"outcome", "snapshot", "fleet", "sinks", "sinks_fanout", "sinks_tensorboard",
+               "sinks_wandb", "metrics_file"}),
+    frozenset({"evals", "_core"}),
+    frozenset({"supervisor", "__init__"}),
+    frozenset({"watch", "integrations", "demo", "bridge"}),
+    frozenset({"cli"}),
+    frozenset({"__main__"}),
+)
+"""From the bottom up; a unit (a top-level module or package of actorsys, or bridge) may import
+its own layer and those below. ``__init__`` is the package ``actorsys`` itself, the public
+face: everything above it may use it."""
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+MODULES = modules()
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _statements(body: list[ast.stmt], *, module_level: bool) -> Iterator[ast.Import | ast.ImportFrom]:
+    """The import statements of ``body``; with ``module_level``, those that run when the module
+    is imported (not in functions, not under ``if TYPE_CHECKING:``, which never runs and so can
+    form no import cycle)."""
+    for node in body:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+        elif isinstance(node, ast.If) and module_level and _is_type_checking(node):
+            continue
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) and module_level:
+            if isinstance(node, ast.ClassDef):
+                yield from _statements(node.body, module_level=True)
+        else:
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                children = getattr(node, field, None)
+                if isinstance(children, list):
+                    stmts = [c for c in children if isinstance(c, ast.stmt)]
+                    stmts += [s for h in children if isinstance(h, ast.ExceptHandler) for s in h.body]
+                    yield from _statements(stmts, module_level=module_level)
+
+
+def imports(name: str, *, module_level: bool) -> set[str]:
+    """The actorsys and bridge modules ``name`` imports (``from pkg import sub`` names ``sub``)."""
+    path = MODULES[name]
+    is_package = path.name == "__init__.py"
+    found = set()
+    for node in _statements(ast.parse(path.read_text()).body, module_level=module_level):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        else:
+            if node.level:
+                base = name.split(".") if is_package else name.split(".")[:-1]
+                base = base[: len(base) - node.level + 1]
+                module = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                module = node.module or ""
+            targets = [
+                f"{module}.{alias.name}" if f"{module}.{alias.name}" in MODULES else module
+                for alias in node.names
+            ]
+        found.update(t for t in targets if t in MODULES and t != name)
+    return found
+
+
+def unit(name: str) -> str:
+    parts = name.split(".")
+    if parts[0] == "bridge":
+        return "bridge"
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def layer(name: str) -> int:
+    for index, units in enumerate(LAYERS):
+        if unit(name) in units:
+            return index
+    raise AssertionError(f"{name} belongs to no layer: add {unit(name)!r} to LAYERS")
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in sorted(graph[node]):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_bridge_imports_no_private_actorsys_module() -> None:
+    private = {
+        (name, target)
+        for name in MODULES
+        if name.startswith("bridge")
+        for target in imports(name, module_level=False)
+        if target.startswith("actorsys") and any(p.startswith("_") for p in target.split("."))
+    }
+    assert private == set()
+
+
+def test_no_module_imports_one_of_a_higher_layer() -> None:
+    upward = {
+        f"{name} -> {target}"
+        for name in MODULES
+        for target in imports(name, module_level=False)
+        if layer(target) > layer(name)
+    }
+    assert upward == set()
+
+
+def test_no_import_cycle_between_modules() -> None:
+    graph = {name: imports(name, module_level=True) for name in MODULES}
+    assert cycles(graph) == []
+
+
+def test_the_cycle_check_finds_a_cycle_through_a_third_module() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+@pytest.mark.timeout(60)
+def test_the_eval_data_flags_are_on_the_config_whatever_was_imported_first() -> None:
+    code = (
+        "import argparse\n"
+        "from actorsys.config import EvalConfig\n"
+        "parser = argparse.ArgumentParser()\n"
+        "EvalConfig.add_arguments(parser)\n"
+        "args = parser.parse_args(['--eval-prompt-data', 'd', 'd.jsonl', '--rm-type', 'math'])\n"
+        "print(args.eval_prompt_data, args.rm_type)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["['d',", "'d.jsonl']", "math"]
