@@ -138,8 +138,10 @@ class Admission:
         self.flight.wake()
 
     def _settle_at_once(self, point: Point, reason: str, error: str | None) -> None:
-        self.flight.admit(point)
-        self.retirer.settle(point.skipped(reason, error))
+        """Refuse ``point``: it settles before this returns, so its outcome is in the sink
+        when ``submit`` returns False."""
+        ticket = self.flight.admit(point)
+        self.retirer.take(ticket, point.skipped(reason, error), at_once=True)
 
     def _full(self, *, settling_counts: bool) -> bool:
         taken = len(self.flight) if settling_counts else len(self.flight.unsettled())

@@ -180,7 +180,8 @@ class EvalSupervisor:
         run. Blocks only under ``overflow="backpressure"`` (or ``force=True``) while
         ``max_in_flight`` points are in flight, until one settles; cancelling that wait
         admits nothing. Returns False when the point settled at once instead (``busy``,
-        ``disk_budget``). Raises a :class:`~actorsys.SubmitError` for malformed calls and
+        ``disk_budget``): its outcome is in the sink by then. Raises a
+        :class:`~actorsys.SubmitError` for malformed calls and
         :class:`~actorsys.SupervisorClosedError` / :class:`~actorsys.SupervisorGaveUpError`
         once the supervisor admits nothing; neither changes any state.
         """

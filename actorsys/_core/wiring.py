@@ -2,8 +2,13 @@
 
 Admission sends each launched point to the Exporter; the Exporter forwards it to the
 FleetPinner, the pinner to the EvalRunner, and every stage hands what settles to the
-Retirer. Each actor is a supervised child (one_for_one); its ``stop`` closes the channel that
-feeds it, so stopping them in this order lets every point in the pipeline move on first.
+Retirer's inbox; idle fleets go round the fleet pool's channel (the pinner receives, the
+pinner and the runner send back). The supervisor owns every channel here and hands each
+actor clones, so a crashing actor never breaks its peers' channels. A drop is no message:
+``Ticket.drop`` marks the ticket and cancels its owner's scope (trio's cancellation), and the
+point still travels to the Retirer over its inbox. Each actor is a supervised child
+(one_for_one); its ``stop`` closes the channel that feeds it, so stopping them in this order
+lets every point in the pipeline move on first.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import Any
 import trio
 
 from actorsys._core.actors.exporter import Exporter
-from actorsys._core.actors.pinner import FleetPinner
+from actorsys._core.actors.pinner import FleetPinner, fleet_pool
 from actorsys._core.actors.retirer import Retirer
 from actorsys._core.actors.runner import EvalInvoker, EvalRunner
 from actorsys._core.actors.stage import Stage
@@ -102,9 +107,10 @@ def wire(
     eval_send, eval_recv = trio.open_memory_channel[Point](math.inf)
     retirer = Retirer(config, flight, sink, tracker)
     exporter = Exporter(config, flight, retirer, staging_dir, tracker)
-    pinner = FleetPinner(config, flight, retirer, fleets)
+    fleet_returns, idle_fleets = fleet_pool(fleets)
+    pinner = FleetPinner(config, flight, retirer, idle_fleets, fleet_returns.clone())
     invoker = EvalInvoker(eval_fn, tracker)
-    runner = EvalRunner(config, flight, retirer, pinner, invoker)
+    runner = EvalRunner(config, flight, retirer, fleet_returns.clone(), invoker)
     admission = Admission(config, flight, retirer, staging_dir, buffers, export_send, tracker)
 
     async def run_exporter() -> None:

@@ -1,10 +1,10 @@
 """FleetPinner: owns the idle fleets; lends one to each point and pins it to the point's version.
 
 A fleet is idle only while no point holds its :class:`~actorsys._core.point.FleetLease`: the
-pinner lends it when it takes the next point, and gets it back by message (``give_back``)
-from whoever holds the point when it is done with it: the EvalRunner after the evaluation,
-or the pinner itself when the pin fails or the point is dropped. So a fleet is never pinned
-while an evaluation runs on it.
+pinner lends it when it takes the next point, and gets it back over the fleet pool's channel
+(the supervisor owns it; whoever holds the point when it is done with it sends the fleet back,
+:func:`give_back`): the EvalRunner after the evaluation, or the pinner itself when the pin
+fails or the point is dropped. So a fleet is never pinned while an evaluation runs on it.
 """
 
 from __future__ import annotations
@@ -35,17 +35,13 @@ class FleetPinner(SequentialStage):
         config: EvalConfig,
         flight: Flight,
         retirer: Retirer,
-        fleets: Sequence[Fleet | None],
+        idle: trio.MemoryReceiveChannel[Fleet | None],
+        returns: trio.MemorySendChannel[Fleet | None],
     ) -> None:
         super().__init__(flight, retirer)
         self.config = config
-        self._returned, self._idle = trio.open_memory_channel[Fleet | None](len(fleets))
-        for fleet in fleets:
-            self._returned.send_nowait(fleet)
-
-    def give_back(self, lease: FleetLease) -> None:
-        """A fleet's evaluation (or failed pin) is over: it is idle again."""
-        self._returned.send_nowait(lease.fleet)
+        self._idle = idle
+        self._returns = returns
 
     async def lease(self, point: Point, ticket: Ticket) -> Point:
         fleet = await self._idle.receive()
@@ -57,10 +53,7 @@ class FleetPinner(SequentialStage):
 
     def reclaim(self, point: Point) -> Point:
         """``point`` without its fleet, which is idle again."""
-        if point.lease is None:
-            return point
-        self.give_back(point.lease)
-        return point.but(lease=None)
+        return give_back(point, self._returns)
 
     async def work(self, point: Point) -> Result:
         assert point.lease is not None
@@ -79,3 +72,23 @@ class FleetPinner(SequentialStage):
             message = f"pin of {fleet!r} took longer than {config.pin_timeout} s"
             return Skip("pin_timeout", message, point)
         return Done(point.but(weight_version=version))
+
+
+def fleet_pool(
+    fleets: Sequence[Fleet | None],
+) -> tuple[trio.MemorySendChannel[Fleet | None], trio.MemoryReceiveChannel[Fleet | None]]:
+    """The channel of idle fleets, holding every fleet (room for all, so a return never
+    waits)."""
+    returns, idle = trio.open_memory_channel[Fleet | None](len(fleets))
+    for fleet in fleets:
+        returns.send_nowait(fleet)
+    return returns, idle
+
+
+def give_back(point: Point, returns: trio.MemorySendChannel[Fleet | None]) -> Point:
+    """``point`` without its fleet, sent back over ``returns``: its evaluation (or failed
+    pin) is over, the fleet is idle again."""
+    if point.lease is None:
+        return point
+    returns.send_nowait(point.lease.fleet)
+    return point.but(lease=None)

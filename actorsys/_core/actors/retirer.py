@@ -1,11 +1,19 @@
 """Retirer: settles every point exactly once; owns the sink, the counters and the snapshot ring.
 
-Settling is quick and never blocks: the outcome goes to the sink, the counters and the ring
-change, and the files to delete (a skipped point's snapshot, or the oldest one the ring lets
-go) join the Retirer's own queue of deletes. A background task deletes them in a worker
-thread, one step at a time, and only then frees the step's slot: admission never lets more
-snapshots exist than ``keep_snapshots + max_in_flight``, and the trio thread never waits on a
-multi-GB ``rmtree``.
+A point enters the Retirer through one door, :meth:`Retirer.take`: over the Retirer's inbox (a
+memory channel the supervisor owns), so the Retirer's task settles points in the order they
+came. Two callers need the outcome recorded before they return, and ask ``take`` for it
+``at_once``: admission, for a point it refuses (``busy``, ``disk_budget``: the outcome is in the
+sink when ``submit`` returns False), and :meth:`Retirer.settle_now` (a close out of budget, a
+supervisor that gave up: the owners may be stuck or gone). The one place a point settles is
+``_settle``.
+
+Settling is quick and never blocks: the outcome goes to the sink (whose ``record`` is
+non-blocking by contract), the counters and the ring change, and the files to delete (a
+skipped point's snapshot, or the oldest one the ring lets go) join the Retirer's own queue of
+deletes. A background task deletes them in a worker thread, one step at a time, and only then
+frees the step's slot: admission never lets more snapshots exist than ``keep_snapshots +
+max_in_flight``, and the trio thread never waits on a multi-GB ``rmtree``.
 """
 
 from __future__ import annotations
@@ -52,20 +60,24 @@ class Retirer:
 
     # -- messages ---------------------------------------------------------------------
 
-    def take(self, ticket: Ticket, point: Point) -> None:
-        """A point comes to settle: from now on the Retirer owns it."""
+    def take(self, ticket: Ticket, point: Point, *, at_once: bool = False) -> None:
+        """A point comes to settle: from now on the Retirer owns it. Sent over the inbox;
+        ``at_once`` settles it before this returns."""
         ticket.state, ticket.owner, ticket.point = State.SETTLE, self, point
-        try:
-            self.inbox_send.send_nowait(point)
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
-            self.settle(point)
+        if not at_once:
+            try:
+                self.inbox_send.send_nowait(point)
+                return
+            except (trio.ClosedResourceError, trio.BrokenResourceError):
+                pass
+        self._settle(point)
 
     def dropped(self, ticket: Ticket) -> None:
         return None
 
     def discard(self, point: Point) -> None:
         """A copy of a point that settled while its owner still worked on it: delete the
-        snapshot it may have written since, unless the ring keeps it."""
+        snapshot it may have written since, unless the ring keeps it. Never settles."""
         if point.weights is not None:
             point.weights.release()
         self._queue_delete(None, [path for path in point.files if path not in self.ring])
@@ -81,11 +93,11 @@ class Retirer:
             self._loop_ended = trio.Event()
             nursery.start_soon(self._delete_loop)
             async for point in inbox:
-                self.settle(point)
+                self._settle(point)
             await self._wait_deleted()
             nursery.cancel_scope.cancel()
 
-    def settle(self, point: Point) -> None:
+    def _settle(self, point: Point) -> None:
         """Record ``point``'s outcome and queue its deletes. Sync and non-blocking; a point
         whose ticket settled already only has its leftovers deleted."""
         ticket = self.flight.get(point.step)
@@ -125,7 +137,7 @@ class Retirer:
             if ticket.drop(reason, error):
                 cut.append(ticket.step)
                 point = point.skipped(reason, error)
-            self.settle(point)
+            self.take(ticket, point, at_once=True)
         return sorted(cut)
 
     async def delete_leftovers(self) -> None:

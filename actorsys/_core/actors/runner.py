@@ -1,8 +1,8 @@
 """EvalRunner: runs the eval fn on each pinned point at once, one task per point.
 
 Concurrency is bounded by the fleets: a point arrives here only with a fleet the pinner lent
-it. The runner gives the fleet back to the pinner when the evaluation is over, then hands the
-point to the Retirer.
+it. The runner sends the fleet back over the fleet pool's channel when the evaluation is over,
+then hands the point to the Retirer.
 """
 
 from __future__ import annotations
@@ -11,13 +11,14 @@ from typing import Any
 
 import trio
 
-from actorsys._core.actors.pinner import FleetPinner
+from actorsys._core.actors.pinner import give_back
 from actorsys._core.actors.retirer import Retirer
 from actorsys._core.actors.stage import Done, Result, Skip, Stage, within
 from actorsys._core.flight import Flight
 from actorsys._core.point import Point, State, Ticket
 from actorsys.config import EvalConfig
 from actorsys.contracts import EvalSkip, RolloutFnEvalInput, RolloutFnEvalOutput
+from actorsys.fleet import Fleet
 from actorsys.outcome import DURATION_SECONDS
 from actorsys.runtime import (
     AsyncioThread,
@@ -68,12 +69,12 @@ class EvalRunner(Stage):
         config: EvalConfig,
         flight: Flight,
         retirer: Retirer,
-        pinner: FleetPinner,
+        fleet_returns: trio.MemorySendChannel[Fleet | None],
         invoke: EvalInvoker,
     ) -> None:
         super().__init__(flight, retirer)
         self.config = config
-        self.pinner = pinner
+        self.fleet_returns = fleet_returns
         self.invoke = invoke
 
     async def run(self, inbox: trio.MemoryReceiveChannel[Point]) -> None:
@@ -86,7 +87,7 @@ class EvalRunner(Stage):
         self.retirer.take(ticket, point)
 
     def leave(self, point: Point, *, done: bool) -> Point:
-        return self.pinner.reclaim(point)
+        return give_back(point, self.fleet_returns)
 
     async def work(self, point: Point) -> Result:
         timeout = self.config.eval_timeout
