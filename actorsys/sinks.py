@@ -7,12 +7,14 @@ there. The sinks here hand it to a thread of their own (``JsonlSink``) or keep i
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import json
 import logging
 import os
 import queue
 import threading
+import weakref
 from typing import IO, Protocol
 
 from actorsys.outcome import Outcome
@@ -49,8 +51,9 @@ class JsonlSink:
     and counted in ``errors``; the lines after it are still tried. ``flush()`` blocks until
     every line recorded so far is written; ``close()`` flushes and stops the thread (both block
     the calling thread: from trio, call them through ``trio.to_thread.run_sync``). The
-    supervisor does not own the sink: whoever made it closes it. Recording after ``close``
-    starts a new writer.
+    supervisor does not own the sink: whoever made it closes it; one still open when the
+    interpreter exits is closed then (waiting at most ``EXIT_FLUSH_SECONDS``), so no recorded
+    line is lost. Recording after ``close`` starts a new writer.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -91,6 +94,7 @@ class JsonlSink:
                     target=self._write_lines, name=f"actorsys jsonl sink {self.path}", daemon=True
                 )
                 self._writer.start()
+                _OPEN_AT_EXIT.add(self)
 
     def _write_lines(self) -> None:
         file: IO[str] | None = None
@@ -110,3 +114,14 @@ class JsonlSink:
         finally:
             if file is not None:
                 file.close()
+
+
+EXIT_FLUSH_SECONDS = 10.0
+
+_OPEN_AT_EXIT: weakref.WeakSet[JsonlSink] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_sinks() -> None:
+    for sink in list(_OPEN_AT_EXIT):
+        sink.close(timeout=EXIT_FLUSH_SECONDS)

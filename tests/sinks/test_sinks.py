@@ -3,6 +3,9 @@ back hold every point at its step, a lagged one included."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -123,3 +126,28 @@ def test_the_bridge_records_into_every_sink_of_a_list(tmp_path: Path) -> None:
         report = bridge.drain(timeout=30)
     assert report.settled == [1]
     assert [o.step for o in first.outcomes] == [1] and [o.step for o in last.outcomes] == [1]
+
+
+def test_jsonl_sink_records_without_touching_the_file_and_counts_a_failed_write(
+    tmp_path: Path,
+) -> None:
+    sink = JsonlSink(tmp_path / "missing-dir" / "metrics.jsonl")
+    sink.record(OUTCOMES[0])
+    assert sink.flush(timeout=30)
+    assert sink.errors == 1
+    sink.close()
+
+
+@pytest.mark.timeout(60)
+def test_jsonl_sink_left_open_writes_every_line_by_interpreter_exit(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    code = (
+        "import sys\n"
+        "from actorsys import JsonlSink, Outcome\n"
+        "sink = JsonlSink(sys.argv[1])\n"
+        "for step in range(500):\n"
+        "    sink.record(Outcome(step=step, status='ok'))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == list(range(500))
