@@ -131,6 +131,9 @@ class LmEvalTasks(CheckpointEvalFn):
                     limiter=self._limiter,
                     description=f"lm-eval of step {input.rollout_id}",
                     tracker=self._tracker,
+                    # lm-eval waits on requests the gate serves in trio, whose timeouts are
+                    # trio's: virtual time must pass while it runs.
+                    hold_clock=False,
                 )
             except Exception as exc:
                 error = exc
