@@ -97,3 +97,19 @@ def test_ranks_that_do_not_evaluate_open_the_held_dir_without_the_lock(staging: 
         assert tmp_dirs(staging) == [".tmp-step_3-shard"] and (staging / LOCK_NAME).exists()
     finally:
         claim.release()
+
+
+def test_a_bridge_on_a_held_staging_dir_raises_staging_in_use_from_its_constructor_block(
+    staging: Path,
+) -> None:
+    from bridge import EvalBridge
+
+    claim = claim_staging_dir(str(staging))
+    try:
+        with pytest.raises(StagingInUseError) as refused, EvalBridge(
+            EvalConfig(hf_dir=staging), eval_fn=RecordingEval()
+        ):
+            raise AssertionError("opened a held staging dir")
+        assert refused.value.pid == os.getpid()
+    finally:
+        claim.release()
