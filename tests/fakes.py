@@ -20,6 +20,7 @@ from actorsys import (
     RolloutFnEvalOutput,
 )
 from actorsys.fleet.completions import Completion, StaleWeightsError
+from actorsys.runtime import run_in_eval_thread
 
 
 def tiny_state_dict(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -100,6 +101,23 @@ class ThreadHangingEval(CheckpointEvalFn):
     def evaluate_checkpoint(self, checkpoint_dir: str, input: RolloutFnEvalInput) -> Any:
         self.unblock.wait()
         return RolloutFnEvalOutput(data={})
+
+
+class HelperHangingEval(CheckpointEvalFn):
+    """A trio eval whose blocking work goes through ``run_in_eval_thread``: it lists the
+    checkpoint there, then blocks its ``"scoring"`` on an event only the test sets."""
+
+    def __init__(self) -> None:
+        self.unblock = threading.Event()
+
+    async def evaluate_checkpoint(self, checkpoint_dir: str, input: RolloutFnEvalInput) -> Any:
+        names = await run_in_eval_thread(
+            lambda: sorted(os.listdir(checkpoint_dir)), abandon_on_cancel=False
+        )
+        await run_in_eval_thread(
+            self.unblock.wait, abandon_on_cancel=True, description="scoring", hold_clock=False
+        )
+        return RolloutFnEvalOutput(data={"files": names})
 
 
 class SkippingEval(CheckpointEvalFn):

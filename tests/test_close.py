@@ -19,7 +19,14 @@ from actorsys import (
 )
 
 from .conftest import snapshot_dirs, tmp_dirs
-from .fakes import GatedEval, HangingEval, ThreadHangingEval, tiny_state_dict, written_export
+from .fakes import (
+    GatedEval,
+    HangingEval,
+    HelperHangingEval,
+    ThreadHangingEval,
+    tiny_state_dict,
+    written_export,
+)
 
 
 async def test_close_is_bounded_when_a_trio_eval_never_returns(
@@ -34,10 +41,19 @@ async def test_close_is_bounded_when_a_trio_eval_never_returns(
     assert snapshot_dirs(staging) == [] and tmp_dirs(staging) == []
 
 
+@pytest.mark.parametrize(
+    ("make_eval", "stuck"),
+    [(ThreadHangingEval, "eval of step 1"), (HelperHangingEval, "scoring")],
+    ids=["thread-eval", "eval-fn-helper-thread"],
+)
 async def test_close_is_bounded_when_eval_thread_hangs(
-    staging: Path, sink: MemorySink, autojump_clock: trio.testing.MockClock
+    staging: Path,
+    sink: MemorySink,
+    autojump_clock: trio.testing.MockClock,
+    make_eval: type[ThreadHangingEval | HelperHangingEval],
+    stuck: str,
 ) -> None:
-    eval_fn = ThreadHangingEval()
+    eval_fn = make_eval()
     try:
         async with EvalSupervisor.open(EvalConfig(hf_dir=staging), eval_fn=eval_fn, sink=sink) as sup:
             await sup.submit(1, export=written_export)
@@ -46,7 +62,7 @@ async def test_close_is_bounded_when_eval_thread_hangs(
     finally:
         eval_fn.unblock.set()
     assert report.abandoned == [1]
-    assert report.stuck_threads == ["eval of step 1"]
+    assert report.stuck_threads == [stuck]
     assert sink.outcomes[0].reason == "closed"
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,6 @@ from actorsys import (
     RolloutFnEvalInput,
     RolloutFnEvalOutput,
 )
-from actorsys.runtime import run_in_eval_thread
 
 from .fakes import HangingEval, SkippingEval, ThreadHangingEval, written_export
 
@@ -166,33 +164,3 @@ async def test_thread_eval_past_its_deadline_is_abandoned_not_waited_for(staging
     eval_fn.unblock.set()
     assert report.stuck_threads == ["eval of step 1"] and not report.clean
 
-
-class BlockingHelperEval(CheckpointEvalFn):
-    """Does its blocking work through ``run_in_eval_thread``: the first one hangs."""
-
-    def __init__(self) -> None:
-        self.unblock = threading.Event()
-
-    async def evaluate_checkpoint(self, checkpoint_dir: str, input: RolloutFnEvalInput) -> Any:
-        names = await run_in_eval_thread(
-            lambda: sorted(os.listdir(checkpoint_dir)), abandon_on_cancel=False
-        )
-        await run_in_eval_thread(
-            self.unblock.wait, abandon_on_cancel=True, description="scoring", hold_clock=False
-        )
-        return RolloutFnEvalOutput(data={"files": names})
-
-
-async def test_an_eval_fns_blocking_helper_threads_are_listed_when_close_cuts_them_off(
-    staging: Path, autojump_clock: trio.testing.MockClock
-) -> None:
-    eval_fn = BlockingHelperEval()
-    sink = MemorySink()
-    try:
-        async with EvalSupervisor.open(EvalConfig(hf_dir=staging), eval_fn=eval_fn, sink=sink) as sup:
-            await sup.submit(1, export=written_export)
-            report = await sup.aclose(timeout=5)
-            assert trio.current_time() <= 5
-    finally:
-        eval_fn.unblock.set()
-    assert report.abandoned == [1] and report.stuck_threads == ["scoring"]

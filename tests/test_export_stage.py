@@ -78,8 +78,10 @@ async def test_export_timeout_settles_and_removes_the_partial_dir(
     config = EvalConfig(hf_dir=staging, export_timeout=30)
     async with EvalSupervisor.open(config, eval_fn=RecordingEval(), sink=sink) as sup:
         await sup.submit(1, export=export)
-        await sup.drain()
-        assert trio.current_time() == 30
+        report = await sup.drain(timeout=1000)
+        assert trio.current_time() == 30 and report.settled == [1]
+        # drain returned once the point's leftovers were gone, not only once it settled
+        assert tmp_dirs(staging) == [] and snapshot_dirs(staging) == []
     outcome = sink.by_step()[1]
     assert outcome.reason == "export_timeout"
     assert outcome.metrics["eval/export_time_seconds"] == 30

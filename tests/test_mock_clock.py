@@ -1,6 +1,6 @@
 """Under trio's MockClock with autojump, virtual time stands still while actorsys's own worker
 threads run: timeouts fire at their virtual time, and ``drain`` returns once its points settled
-and what they left on disk is gone."""
+and what they left on disk is gone (after an export timeout: test_export_stage.py)."""
 
 from __future__ import annotations
 
@@ -27,23 +27,6 @@ async def test_drain_returns_when_an_eval_timeout_point_settles_not_at_its_own_t
     assert report.settled == [1] and report.pending == []
     assert sink.by_step()[1].reason == "timeout"
     assert snapshot_dirs(staging) == [] and tmp_dirs(staging) == []
-
-
-async def test_no_tmp_dir_remains_when_drain_returns_after_an_export_timeout(
-    staging: Path, sink: MemorySink, autojump_clock: trio.testing.MockClock
-) -> None:
-    async def stuck_export(step: int, path: str) -> None:
-        Path(path, "model.safetensors").write_bytes(b"partial")
-        await trio.sleep_forever()
-
-    config = EvalConfig(hf_dir=staging, export_timeout=30)
-    async with EvalSupervisor.open(config, eval_fn=RecordingEval(), sink=sink) as sup:
-        await sup.submit(1, export=stuck_export)
-        report = await sup.drain(timeout=1000)
-        assert trio.current_time() == 30
-        assert report.settled == [1]
-        assert tmp_dirs(staging) == [] and snapshot_dirs(staging) == []
-    assert sink.by_step()[1].reason == "export_timeout"
 
 
 async def test_many_points_settle_at_their_virtual_times_while_threads_delete(
