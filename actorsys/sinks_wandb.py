@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from actorsys.outcome import Outcome
+from actorsys.outcome import METRIC_PREFIX, Outcome
 from actorsys.sinks_fanout import scalar_metrics
 
 EVAL_STEP = "eval/step"
@@ -32,7 +32,7 @@ class WandbSink:
             raise ImportError("WandbSink needs wandb: pip install 'actorsys[wandb]'") from exc
         self.run: Any = wandb.init(**wandb_init_kwargs)
         self.run.define_metric(EVAL_STEP)
-        self.run.define_metric("eval/*", step_metric=EVAL_STEP)
+        self.run.define_metric(f"{METRIC_PREFIX}*", step_metric=EVAL_STEP)
         self._defined: set[str] = set()
         self._closed = False
 
@@ -42,7 +42,7 @@ class WandbSink:
     def record(self, outcome: Outcome) -> None:
         row: dict[str, Any] = scalar_metrics(outcome)
         for name in row:
-            if not name.startswith("eval/") and name not in self._defined:
+            if not name.startswith(METRIC_PREFIX) and name not in self._defined:
                 self.run.define_metric(name, step_metric=EVAL_STEP)
                 self._defined.add(name)
         if not outcome.ok:
