@@ -7,6 +7,7 @@ from actorsys._errors import (
     SubmitError,
     SupervisorClosedError,
     SupervisorGaveUpError,
+    UnsupportedModelError,
 )
 from actorsys.config import EvalConfig
 from actorsys.contracts import (
@@ -79,6 +80,7 @@ __all__ = [
     "SupervisorGaveUpError",
     "SupervisorStatistics",
     "TensorBoardSink",
+    "UnsupportedModelError",
     "VLLMEngine",
     "WandbSink",
     "datasets_from_args",

@@ -5,7 +5,9 @@ One root, a flat set of precise meanings; each error carries its context as attr
     ActorsysError
     ├── ConfigError             (also a ValueError) a config value, argument or staging dir
     │   │                         is unusable; ``field`` names it
-    │   └── ConfigTypeError       (also a TypeError) it has the wrong type
+    │   ├── ConfigTypeError       (also a TypeError) it has the wrong type
+    │   └── UnsupportedModelError (snapshot) a model in a form its weights cannot be copied
+    │                             from (FSDP1, ZeRO-3, quantized); ``form`` names it
     ├── SubmitError             (also a ValueError) a submit call was malformed; ``step``;
     │   │                         nothing changed
     │   └── DuplicateStepError    the step was already submitted
@@ -50,6 +52,17 @@ class ConfigError(ActorsysError, ValueError):
 
 class ConfigTypeError(ConfigError, TypeError):
     """A configuration value or argument has the wrong type."""
+
+
+class UnsupportedModelError(ConfigError):
+    """``submit`` / ``prepare`` got a model whose weights actorsys cannot copy as they are
+    (FSDP1 flat parameters, DeepSpeed ZeRO-3 partitions, a quantized base, an adapter type
+    that cannot be merged). ``form`` names what was found; the message names what is
+    supported and the escape hatch, ``export=``. Raised before anything is admitted."""
+
+    def __init__(self, form: str, message: str) -> None:
+        super().__init__("model", message)
+        self.form = form
 
 
 class SubmitError(ActorsysError, ValueError):
