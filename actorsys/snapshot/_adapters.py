@@ -99,7 +99,9 @@ def plan_adapters(module: torch.nn.Module) -> StatePlan:
     for name, submodule in model.named_modules():
         if isinstance(submodule, BaseTunerLayer):
             if not isinstance(submodule, LoraLayer):
-                raise unsupported("adapters", f"peft {type(submodule).__name__} layers ({name})")
+                tuner = type(submodule).__module__.removeprefix("peft.tuners.").split(".")[0]
+                what = f"peft {tuner.upper()} adapters ({type(submodule).__name__} at {name})"
+                raise unsupported("adapters", what)
             if type(submodule) not in (Linear, Embedding):
                 raise unsupported("adapters", f"LoRA on {type(submodule).__name__} layers ({name})")
             if any(a in submodule.lora_variant for a in _to_merge(submodule)):

@@ -50,7 +50,7 @@ def model_form(module: torch.nn.Module) -> ModelForm:
         where = cls.__module__
         if where.startswith("torch.distributed.fsdp") and cls.__name__ == "FullyShardedDataParallel":
             at = name or "the top"
-            raise unsupported("fsdp1", f"FSDP1 (FullyShardedDataParallel at {at}), flat parameters,")
+            raise unsupported("fsdp1", f"FSDP1 (FullyShardedDataParallel at {at}, flat parameters)")
         if where.startswith("bitsandbytes"):
             raise unsupported("quantized", f"a bitsandbytes-quantized layer ({cls.__name__} at {name})")
         if getattr(submodule, "hf_quantizer", None) is not None:
