@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from actorsys.snapshot._forms import unsupported
+from actorsys.snapshot._forms import check_module, unsupported
 from actorsys.snapshot._kept import KeptBase
 from actorsys.snapshot._state import (
     StatePlan,
@@ -84,6 +84,8 @@ class AdapterPlan:
     """Bytes of the copied tensors in a buffer set (aligned); merge slots follow them."""
     shapes: dict[str, tuple[torch.Size, torch.dtype]]
     """Shape and dtype of every output that is merged."""
+    num_parameters: int
+    """Elements of the checkpoint's tensors (the merged model's parameter count)."""
 
 
 def plan_adapters(module: torch.nn.Module) -> StatePlan:
@@ -96,7 +98,14 @@ def plan_adapters(module: torch.nn.Module) -> StatePlan:
 
     model = _base_model(module)
     layers: dict[str, Any] = {}
-    for name, submodule in model.named_modules():
+    to_merge: dict[str, list[str]] = {}
+    trained: set[str] = set()
+    sharded = False
+    for name, submodule in model.named_modules(remove_duplicate=False):
+        sharded = check_module(name, submodule) or sharded
+        for param_name, param in submodule._parameters.items():
+            if param is not None and param.requires_grad:
+                trained.add(f"{name}.{param_name}" if name else param_name)
         if isinstance(submodule, BaseTunerLayer):
             if not isinstance(submodule, LoraLayer):
                 tuner = type(submodule).__module__.removeprefix("peft.tuners.").split(".")[0]
@@ -104,7 +113,8 @@ def plan_adapters(module: torch.nn.Module) -> StatePlan:
                 raise unsupported("adapters", what)
             if type(submodule) not in (Linear, Embedding):
                 raise unsupported("adapters", f"LoRA on {type(submodule).__name__} layers ({name})")
-            if any(a in submodule.lora_variant for a in _to_merge(submodule)):
+            to_merge[name] = _to_merge(submodule)
+            if any(a in submodule.lora_variant for a in to_merge[name]):
                 variant = "DoRA" if any(submodule.use_dora.values()) else "a LoRA variant"
                 raise unsupported("adapters", f"{variant} (at {name}), which is not merged as plain LoRA")
             layers[name] = submodule
@@ -119,13 +129,13 @@ def plan_adapters(module: torch.nn.Module) -> StatePlan:
             ):
                 raise unsupported("adapters", f"modules_to_save with adapters inside ({name})")
             layers[name] = submodule
+    if sharded:
+        raise unsupported("adapters-sharded", "peft adapters over sharded (DTensor) parameters")
     state = model.state_dict()
-    params = dict(model.named_parameters(remove_duplicate=False))
     for name, value in state.items():
         _check_entry(name, value)
     sources: dict[str, torch.Tensor] = {}
     outputs: dict[str, str | Merge] = {}
-    trained: set[str] = set()
     for key, tensor in state.items():
         owner_name = _owner(key, layers)
         mapped = key if owner_name is None else _output_name(owner_name, layers[owner_name], key)
@@ -134,9 +144,6 @@ def plan_adapters(module: torch.nn.Module) -> StatePlan:
         out = compiled_key(mapped)
         sources[key] = tensor
         outputs[out] = key
-        param = params.get(key)
-        if param is not None and param.requires_grad:
-            trained.add(key)
     for name in getattr(model, "_keys_to_ignore_on_save", None) or ():
         outputs.pop(name, None)
     by_output = {out: sources[key] for out, key in outputs.items() if isinstance(key, str)}
@@ -147,26 +154,25 @@ def plan_adapters(module: torch.nn.Module) -> StatePlan:
     for out, tensor in by_output.items():
         storages.setdefault(tensor.untyped_storage().data_ptr(), []).append(out)
     for layer_name, layer in layers.items():
-        if isinstance(layer, LoraLayer):
-            _plan_merge(layer_name, layer, state, outputs, adapters, trained, storages)
-    copies = {key: sources[key] for key in dict.fromkeys(
-        key for key in _source_keys(outputs) if key in trained
-    )}
+        if layer_name in to_merge:
+            _plan_merge(layer_name, layer, to_merge[layer_name], state, outputs, adapters, trained, storages)
+    copies: dict[str, torch.Tensor] = {}
+    frozen: dict[str, torch.Tensor] = {}
+    shapes: dict[str, tuple[torch.Size, torch.dtype]] = {}
+    nbytes = num_parameters = 0
+    for out, spec in outputs.items():
+        source_key = spec.source if isinstance(spec, Merge) else spec
+        source = sources[source_key]
+        (copies if source_key in trained else frozen)[source_key] = source
+        if isinstance(spec, Merge):
+            shapes[out] = (source.shape, source.dtype)
+        nbytes += tensor_nbytes(source)
+        num_parameters += source.numel()
     copies.update(adapters)
-    frozen = {key: sources[key] for key in _source_keys(outputs) if key not in copies}
-    shapes = {
-        out: (sources[m.source].shape, sources[m.source].dtype)
-        for out, m in outputs.items()
-        if isinstance(m, Merge)
-    }
     copied_nbytes = sum(aligned(tensor_nbytes(t)) for t in copies.values())
     slots_nbytes = sum(aligned(_nbytes(*shape)) for shape in shapes.values())
-    nbytes = sum(
-        _nbytes(*shapes[out]) if isinstance(key, Merge) else tensor_nbytes(sources[key])
-        for out, key in outputs.items()
-    )
     on_cuda = any(t.device.type == "cuda" for t in (*copies.values(), *frozen.values()))
-    plan = AdapterPlan(model, outputs, frozen, copied_nbytes, shapes)
+    plan = AdapterPlan(model, outputs, frozen, copied_nbytes, shapes, num_parameters)
     return StatePlan(
         model, copies, nbytes, copied_nbytes + slots_nbytes, on_cuda, adapters=plan
     )
@@ -236,6 +242,7 @@ def _merge_into(
 def _plan_merge(
     name: str,
     layer: Any,
+    names: list[str],
     state: Mapping[str, torch.Tensor],
     outputs: dict[str, str | Merge],
     adapters: dict[str, torch.Tensor],
@@ -250,7 +257,6 @@ def _plan_merge(
     weight_out, bias_out = compiled_key(f"{name}.weight"), compiled_key(f"{name}.bias")
     if layer.merged:
         trained.update(k for k in (weight_key, bias_key) if k in state)
-    names = _to_merge(layer)
     if not names or weight_out not in outputs:
         return
     sharing = [o for o in storages.get(state[weight_key].untyped_storage().data_ptr(), ()) if o != weight_out]
@@ -302,7 +308,13 @@ def _base_model(module: torch.nn.Module) -> torch.nn.Module:
     return module
 
 
+WRAPPED = (".base_layer.", ".lora_", ".modules_to_save.", ".original_module.")
+"""What the keys of a peft layer's own tensors hold (a cheap test before the prefix search)."""
+
+
 def _owner(key: str, layers: Mapping[str, Any]) -> str | None:
+    if not any(part in key for part in WRAPPED):
+        return None
     parts = key.split(".")
     for i in range(len(parts) - 1, 0, -1):
         prefix = ".".join(parts[:i])
@@ -321,13 +333,6 @@ def _output_name(prefix: str, layer: Any, key: str) -> str | None:
     if rest.startswith("base_layer."):
         return f"{prefix}.{rest.removeprefix('base_layer.')}"
     return None
-
-
-def _source_keys(outputs: Mapping[str, str | Merge]) -> list[str]:
-    keys: list[str] = []
-    for key in outputs.values():
-        keys.append(key.source if isinstance(key, Merge) else key)
-    return keys
 
 
 def _nbytes(shape: torch.Size, dtype: torch.dtype) -> int:

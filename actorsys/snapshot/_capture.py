@@ -15,7 +15,7 @@ from actorsys.snapshot import _conversions
 from actorsys.snapshot._adapters import assemble
 from actorsys.snapshot._kept import KeptBase
 from actorsys.snapshot._pool import BufferLease
-from actorsys.snapshot._state import Source, aligned, plan_state, tensor_nbytes
+from actorsys.snapshot._state import Source, StatePlan, aligned, plan_state, tensor_nbytes
 
 
 class WeightsReleasedError(ActorsysError, RuntimeError):
@@ -127,7 +127,9 @@ class CapturedWeights:
             self._on_give_back()
 
 
-def capture(source: Source, *, buffers: BufferLease | None = None) -> CapturedWeights:
+def capture(
+    source: Source, *, buffers: BufferLease | None = None, plan: StatePlan | None = None
+) -> CapturedWeights:
     """Copy ``source``'s tensors into CPU memory the pipeline owns.
 
     Blocks the calling thread for one copy of the weights (of a peft model: of what trains,
@@ -139,9 +141,12 @@ def capture(source: Source, *, buffers: BufferLease | None = None) -> CapturedWe
     are copied asynchronously into the (pinned) set, then each CUDA device's current stream
     is synchronised once. Raises ``TypeError`` / ``ValueError`` naming an entry that cannot
     be written, :class:`~actorsys.UnsupportedModelError` for a model whose form cannot be
-    copied; the lease is given back on any error.
+    copied; the lease is given back on any error. ``plan`` is ``plan_state(source)`` if the
+    caller made it already (admission sizes the lease from it), so a submit plans once; the
+    tensors it names are read when the copy runs.
     """
-    plan = plan_state(source)
+    if plan is None:
+        plan = plan_state(source)
     lease = buffers if buffers is not None else BufferLease(plan.buffer_nbytes, pinned=plan.on_cuda)
     let_go: Callable[[], None] | None = None
     try:
@@ -158,12 +163,11 @@ def capture(source: Source, *, buffers: BufferLease | None = None) -> CapturedWe
             kept = lease.pool.kept if lease.pool is not None else KeptBase()
             outputs, merge, let_go = assemble(plan.adapters, tensors, lease.buffer(), kept)
             weights = CapturedWeights(
-                outputs, nbytes=plan.nbytes, lease=lease, finish=merge, on_give_back=let_go
+                outputs, nbytes=plan.nbytes, lease=lease, finish=merge, on_give_back=let_go,
+                num_parameters=plan.adapters.num_parameters,
             )
         if plan.model is not None:
-            _capture_model_files(plan.model, weights)
-        if plan.adapters is not None:
-            weights.num_parameters = sum(t.numel() for t in weights.tensors.values())
+            _capture_model_files(plan.model, weights, count_parameters=plan.adapters is None)
     except BaseException:
         lease.give_back()
         if let_go is not None:
@@ -194,10 +198,13 @@ def _copy_into(entries: dict[str, torch.Tensor], buffer: torch.Tensor) -> dict[s
     return tensors
 
 
-def _capture_model_files(model: torch.nn.Module, weights: CapturedWeights) -> None:
+def _capture_model_files(
+    model: torch.nn.Module, weights: CapturedWeights, *, count_parameters: bool = True
+) -> None:
     """What ``save_pretrained`` writes besides the weights, as of now: the model's config
     (with its dtype and architecture, as ``save_pretrained`` sets them) and generation
-    config, and how to revert weight conversions."""
+    config, how to revert weight conversions, and (``count_parameters``) the model's own
+    parameter count (a peft model's counts its adapters, which the merged model has not)."""
     config = getattr(model, "config", None)
     if config is None or not callable(getattr(config, "save_pretrained", None)):
         return
@@ -212,7 +219,7 @@ def _capture_model_files(model: torch.nn.Module, weights: CapturedWeights) -> No
     if generation_config is not None and callable(can_generate) and can_generate():
         weights.generation_config = copy.deepcopy(generation_config)
     num_parameters = getattr(model, "num_parameters", None)
-    if callable(num_parameters):
+    if count_parameters and callable(num_parameters):
         weights.num_parameters = int(num_parameters())
     has_conversions = _conversions.known(model)
     if has_conversions is None:
