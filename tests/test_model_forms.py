@@ -116,3 +116,24 @@ async def test_fsdp1_raises_unsupported_at_submit_and_a_plain_submit_works_after
     assert sink.by_step()[1].ok
     with pytest.raises(UnsupportedModelError):
         plan_state(wrapped)
+
+
+async def test_quantized_bases_raise_unsupported_at_submit_with_or_without_adapters(tmp_path):
+    quantization = pytest.importorskip("torchao.quantization")
+    quantized = tiny_llama(tied=False)
+    quantization.quantize_(quantized, quantization.Int8WeightOnlyConfig())
+    adapted = tiny_llama(tied=False)
+    quantization.quantize_(adapted, quantization.Int8WeightOnlyConfig())
+    adapted = lora(adapted)
+    sink = MemorySink()
+    async with EvalSupervisor.open(
+        EvalConfig(hf_dir=tmp_path / "hf"), eval_fn=LoadAndScore(), sink=sink
+    ) as sup:
+        for model in (quantized, adapted):
+            with pytest.raises(UnsupportedModelError, match="quantized") as raised:
+                await sup.submit(1, model=model)
+            assert raised.value.form == "quantized"
+        assert await sup.submit(1, model=tiny_llama())
+        await sup.drain()
+
+    assert sink.by_step()[1].ok

@@ -92,45 +92,32 @@ def plan_adapters(module: torch.nn.Module) -> StatePlan:
     """Plan a snapshot of a peft model (a ``PeftModel``, a tuner such as ``LoraModel``, or a
     model with adapters injected). Cheap: reads no tensor data. Raises
     :class:`~actorsys.UnsupportedModelError` for what cannot be merged."""
-    from peft.tuners.lora import Embedding, Linear, LoraLayer
+    from peft.tuners.lora import LoraLayer
     from peft.tuners.tuners_utils import BaseTunerLayer
-    from peft.utils.other import AuxiliaryTrainingWrapper, ModulesToSaveWrapper
+    from peft.utils.other import AuxiliaryTrainingWrapper
 
     model = _base_model(module)
     layers: dict[str, Any] = {}
     to_merge: dict[str, list[str]] = {}
     trained: set[str] = set()
     sharded = False
+    problem: str | None = None
     for name, submodule in model.named_modules(remove_duplicate=False):
+        # The base's form is checked everywhere first: a quantized base is named as such,
+        # even where the adapters over it would not merge either.
         sharded = check_module(name, submodule) or sharded
         for param_name, param in submodule._parameters.items():
             if param is not None and param.requires_grad:
                 trained.add(f"{name}.{param_name}" if name else param_name)
-        if isinstance(submodule, BaseTunerLayer):
-            if not isinstance(submodule, LoraLayer):
-                tuner = type(submodule).__module__.removeprefix("peft.tuners.").split(".")[0]
-                what = f"peft {tuner.upper()} adapters ({type(submodule).__name__} at {name})"
-                raise unsupported("adapters", what)
-            if type(submodule) not in (Linear, Embedding):
-                raise unsupported("adapters", f"LoRA on {type(submodule).__name__} layers ({name})")
-            to_merge[name] = _to_merge(submodule)
-            if any(a in submodule.lora_variant for a in to_merge[name]):
-                variant = "DoRA" if any(submodule.use_dora.values()) else "a LoRA variant"
-                raise unsupported("adapters", f"{variant} (at {name}), which is not merged as plain LoRA")
+        if isinstance(submodule, BaseTunerLayer | AuxiliaryTrainingWrapper):
+            problem = problem or _unmergeable(name, submodule)
             layers[name] = submodule
-        elif isinstance(submodule, AuxiliaryTrainingWrapper):
-            if not isinstance(submodule, ModulesToSaveWrapper):
-                raise unsupported("adapters", f"peft {type(submodule).__name__} ({name})")
-            active = submodule.active_adapters
-            if len(active) > 1 or any(
-                isinstance(m, BaseTunerLayer)
-                for a in active
-                for m in submodule.modules_to_save[a].modules()
-            ):
-                raise unsupported("adapters", f"modules_to_save with adapters inside ({name})")
-            layers[name] = submodule
+            if isinstance(submodule, LoraLayer):
+                to_merge[name] = _to_merge(submodule)
     if sharded:
         raise unsupported("adapters-sharded", "peft adapters over sharded (DTensor) parameters")
+    if problem is not None:
+        raise unsupported("adapters", problem)
     state = model.state_dict()
     for name, value in state.items():
         _check_entry(name, value)
@@ -283,6 +270,32 @@ def _plan_merge(
         outputs[bias_out] = Merge(bias_key, bias=tuple(bias_terms))
         for key, _ in bias_terms:
             adapters[key] = state[key]
+
+
+def _unmergeable(name: str, layer: Any) -> str | None:
+    """What keeps the peft ``layer`` at ``name`` from merging as plain LoRA, if anything."""
+    from peft.tuners.lora import Embedding, Linear, LoraLayer
+    from peft.tuners.tuners_utils import BaseTunerLayer
+    from peft.utils.other import ModulesToSaveWrapper
+
+    cls = type(layer)
+    if isinstance(layer, ModulesToSaveWrapper):
+        active = layer.active_adapters
+        inner = (m for a in active for m in layer.modules_to_save[a].modules())
+        if len(active) > 1 or any(isinstance(m, BaseTunerLayer) for m in inner):
+            return f"modules_to_save with adapters inside ({name})"
+        return None
+    if not isinstance(layer, BaseTunerLayer):
+        return f"peft {cls.__name__} ({name})"
+    if not isinstance(layer, LoraLayer):
+        tuner = cls.__module__.removeprefix("peft.tuners.").split(".")[0]
+        return f"peft {tuner.upper()} adapters ({cls.__name__} at {name})"
+    if cls not in (Linear, Embedding):
+        return f"LoRA on {cls.__name__} layers ({name})"
+    if any(a in layer.lora_variant for a in _to_merge(layer)):
+        variant = "DoRA" if any(layer.use_dora.values()) else "a LoRA variant"
+        return f"{variant} (at {name}), which is not merged as plain LoRA"
+    return None
 
 
 def _to_merge(layer: Any) -> list[str]:
