@@ -237,3 +237,25 @@ async def test_unmergeable_adapters_raise_at_submit_and_a_plain_model_submits_af
     assert isinstance(raised.value, ConfigError)
     assert "export=" in str(raised.value)
     assert sink.by_step()[1].ok
+
+
+@pytest.mark.timeout(90)
+def test_a_sync_trainer_submits_its_peft_model_through_the_bridge(tmp_path):
+    from bridge import EvalBridge
+
+    model = lora(tiny_llama(tied=True))
+    ids = input_ids()
+    sink = MemorySink()
+    expected = {}
+    with EvalBridge(EvalConfig(hf_dir=tmp_path / "hf"), eval_fn=LoadAndScore(), sink=sink) as bridge:
+        stats = bridge.prepare(model=model)
+        for step in (1, 2):
+            train_step(model, ids)
+            expected[step] = logits(copy.deepcopy(model).merge_and_unload(), ids)
+            assert bridge.submit(step, model=model)
+        bridge.drain(timeout=60)
+
+    assert stats.kept == 1
+    for step in (1, 2):
+        assert sink.by_step()[step].ok
+        torch.testing.assert_close(sink.by_step()[step].data["logits"], expected[step])
