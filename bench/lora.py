@@ -25,24 +25,15 @@ from typing import Any
 
 import torch
 import trio
+from export import CountFiles  # bench/export.py, beside this script
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedModel
 
-from actorsys import CheckpointEvalFn, EvalConfig, EvalSupervisor, MemorySink
-from actorsys.contracts import RolloutFnEvalInput, RolloutFnEvalOutput
+from actorsys import EvalConfig, EvalSupervisor, MemorySink
 from actorsys.outcome import EXPORT_TIME_SECONDS
 
 MB = 1000**2
 GOAL = 0.1
-
-
-class CountFiles(CheckpointEvalFn):
-    """An evaluation that costs nothing, so only the export is measured."""
-
-    async def evaluate_checkpoint(
-        self, checkpoint_dir: str, input: RolloutFnEvalInput  # noqa: A002
-    ) -> RolloutFnEvalOutput:
-        return RolloutFnEvalOutput(data={"files": len(os.listdir(checkpoint_dir))})
 
 
 def llama(quick: bool) -> PreTrainedModel:
