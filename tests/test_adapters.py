@@ -120,6 +120,20 @@ def test_every_supported_lora_layout_merges_as_peft_merges_it(tmp_path, options)
     assert_same_tensors(written(path), merged_reference(model, str(tmp_path / "reference")))
 
 
+def test_only_the_active_adapter_is_merged(tmp_path):
+    model = lora(tiny_llama(tied=False), init_lora_weights=False)
+    model.add_adapter("second", LoraConfig(r=4, target_modules=["v_proj", "o_proj"], init_lora_weights=False))
+    pool = BufferPool(1)
+    first = written(snapshot(model, str(tmp_path / "default"), pool))
+
+    model.set_adapter("second")
+    second = written(snapshot(model, str(tmp_path / "second"), pool))
+
+    assert_same_tensors(second, merged_reference(model, str(tmp_path / "reference")))
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(first[q], second[q])
+
+
 def test_adapters_peft_merged_into_the_base_already_are_not_added_twice(tmp_path):
     model = lora(tiny_llama(tied=False), init_lora_weights=False)
     expected = merged_reference(model, str(tmp_path / "reference"))
