@@ -8,6 +8,7 @@ from actorsys._errors import (
     SubmitError,
     SupervisorClosedError,
     SupervisorGaveUpError,
+    UnsupportedModelError,
 )
 from actorsys.config import EvalConfig
 from actorsys.contracts import (
@@ -81,6 +82,7 @@ __all__ = [
     "SupervisorGaveUpError",
     "SupervisorStatistics",
     "TensorBoardSink",
+    "UnsupportedModelError",
     "VLLMEngine",
     "WandbSink",
     "datasets_from_args",

@@ -6,8 +6,10 @@ One root, a flat set of precise meanings; each error carries its context as attr
     ├── ConfigError             (also a ValueError) a config value, argument or staging dir
     │   │                         is unusable; ``field`` names it
     │   ├── ConfigTypeError       (also a TypeError) it has the wrong type
-    │   └── StagingInUseError     another live supervisor holds the staging dir: ``path``,
-    │                             ``pid`` (the holder's, None if it could not be read)
+    │   ├── StagingInUseError     another live supervisor holds the staging dir: ``path``,
+    │   │                         ``pid`` (the holder's, None if it could not be read)
+    │   └── UnsupportedModelError (snapshot) a model in a form its weights cannot be copied
+    │                             from (FSDP1, ZeRO-3, quantized); ``form`` names it
     ├── SubmitError             (also a ValueError) a submit call was malformed; ``step``;
     │   │                         nothing changed
     │   └── DuplicateStepError    the step was already submitted
@@ -68,6 +70,17 @@ class StagingInUseError(ConfigError):
         )
         self.path = path
         self.pid = pid
+
+
+class UnsupportedModelError(ConfigError):
+    """``submit`` / ``prepare`` got a model whose weights actorsys cannot copy as they are
+    (FSDP1 flat parameters, DeepSpeed ZeRO-3 partitions, a quantized base, an adapter type
+    that cannot be merged). ``form`` names what was found; the message names what is
+    supported and the escape hatch, ``export=``. Raised before anything is admitted."""
+
+    def __init__(self, form: str, message: str) -> None:
+        super().__init__("model", message)
+        self.form = form
 
 
 class SubmitError(ActorsysError, ValueError):

@@ -20,4 +20,4 @@ def copy_weights(
     thread; afterwards the caller may change its weights freely. On an error the lease is
     given back, and the caller releases the reservation.
     """
-    return capture(source, buffers=reservation.buffers)
+    return capture(source, buffers=reservation.buffers, plan=reservation.plan)

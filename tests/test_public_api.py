@@ -44,6 +44,7 @@ EXPECTED = {
     "SupervisorGaveUpError",
     "SupervisorStatistics",
     "TensorBoardSink",
+    "UnsupportedModelError",
     "VLLMEngine",
     "WandbSink",
     "datasets_from_args",

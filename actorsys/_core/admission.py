@@ -33,11 +33,12 @@ DISK_HEADROOM_BYTES = 64 * 1024 * 1024
 class Reservation:
     """A slot held for a point between admission and launch (the weight copy happens in
     between, in whichever thread the caller is on, into ``buffers``: a set leased from the
-    supervisor's pool; pass it to ``capture``)."""
+    supervisor's pool; pass it to ``capture`` with ``plan``, the plan it was sized from)."""
 
     point: Point
     nbytes: int
     buffers: BufferLease | None = None
+    plan: StatePlan | None = None
 
 
 class Admission:
@@ -99,7 +100,7 @@ class Admission:
             else:
                 buffers = await self._lease_buffers(point, plan)
                 if buffers is not None:
-                    reservation = Reservation(point, nbytes, buffers)
+                    reservation = Reservation(point, nbytes, buffers, plan)
         except BaseException:
             self._steps.discard(point.step)
             raise

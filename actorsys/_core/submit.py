@@ -15,7 +15,7 @@ from typing import Any, TypedDict, Unpack
 import torch
 
 from actorsys._core.point import ExportFn, Point, Source
-from actorsys._errors import DuplicateStepError, SubmitError
+from actorsys._errors import DuplicateStepError, SubmitError, UnsupportedModelError
 from actorsys.config import EvalConfig
 from actorsys.snapshot import StatePlan, plan_state
 
@@ -72,7 +72,8 @@ def check_submit(
     """The point ``request`` admits and, for weights, the plan of their copy.
 
     Raises :class:`~actorsys.SubmitError` (naming the argument and the fix) for a malformed
-    request and :class:`~actorsys.DuplicateStepError` for a step in ``submitted``.
+    request, :class:`~actorsys.DuplicateStepError` for a step in ``submitted`` and
+    :class:`~actorsys.UnsupportedModelError` for a model whose form cannot be copied.
     """
     args: Mapping[str, Any] = request.arguments
     step, force, require_marker = request.step, request.force, args.get("require_marker")
@@ -122,6 +123,8 @@ def check_submit(
     assert source is not None
     try:
         plan = plan_state(source)
+    except UnsupportedModelError:
+        raise
     except (TypeError, ValueError) as exc:
         raise SubmitError(step, str(exc)) from exc
     return Point(step, Source.WEIGHTS, force), plan

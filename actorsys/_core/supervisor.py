@@ -194,7 +194,9 @@ class EvalSupervisor:
         weights = None
         if request.weights_source is not None:
             try:
-                weights = capture(request.weights_source, buffers=reservation.buffers)
+                weights = capture(
+                    request.weights_source, buffers=reservation.buffers, plan=reservation.plan
+                )
             except BaseException:
                 self.release(reservation)
                 raise

@@ -6,6 +6,9 @@ runs in a worker thread: safetensors shards (+ index), config, generation config
 non-weight files of ``base_checkpoint``, every file fsync'd. ``CapturedWeights.release``
 returns the buffers to the pool, once no writer reads them any more. ``prepare_weights`` gets
 the pool ready for given weights ahead of the first point (the supervisor's ``prepare``).
+What form a model takes (dense, peft adapters, sharded, or unsupported) is decided in one
+place, ``_forms``; a peft LoRA model is written merged (``_adapters``), its frozen base kept
+across points beside the pool's sets (``_kept``).
 """
 
 from actorsys.snapshot._capture import CapturedWeights, WeightsReleasedError, capture

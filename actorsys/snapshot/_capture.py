@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -12,8 +12,10 @@ import torch
 
 from actorsys._errors import ActorsysError
 from actorsys.snapshot import _conversions
+from actorsys.snapshot._adapters import assemble
+from actorsys.snapshot._kept import KeptBase
 from actorsys.snapshot._pool import BufferLease
-from actorsys.snapshot._state import Source, aligned, plan_state, tensor_nbytes
+from actorsys.snapshot._state import Source, StatePlan, aligned, plan_state, tensor_nbytes
 
 
 class WeightsReleasedError(ActorsysError, RuntimeError):
@@ -27,7 +29,10 @@ class CapturedWeights:
     ``tensors`` are views into the leased set, in state-dict order. ``config`` and
     ``generation_config`` are copies of a transformers model's own, taken at capture (None for
     other sources); ``converter`` is the model when transformers must revert weight
-    conversions on save (MoE experts fused at load), else None.
+    conversions on save (MoE experts fused at load), else None. ``finish(check)`` is work
+    left for the writing thread before it reads ``tensors`` (merging adapters into their
+    slots; ``check`` raises once the weights are released); ``on_give_back`` runs when the
+    set goes back (letting go of the kept base).
 
     The set goes back to the pool when the point released the weights *and* no writer reads
     them (``reading``), whichever comes last, so a write thread abandoned at a timeout never
@@ -46,6 +51,8 @@ class CapturedWeights:
         num_parameters: int | None = None,
         converter: torch.nn.Module | None = None,
         conversion_candidate: torch.nn.Module | None = None,
+        finish: Callable[[Callable[[], None]], None] | None = None,
+        on_give_back: Callable[[], None] | None = None,
     ) -> None:
         self.tensors = tensors
         self.nbytes = nbytes
@@ -57,6 +64,8 @@ class CapturedWeights:
         self.converter = converter
         self.conversion_candidate = conversion_candidate
         self._lease = lease
+        self._finish = finish
+        self._on_give_back = on_give_back
         self._lock = threading.Lock()
         self._readers = 0
         self._released = False
@@ -92,6 +101,13 @@ class CapturedWeights:
         if self._released:
             raise WeightsReleasedError("the weights were released during the write")
 
+    def finish(self) -> None:
+        """Run the work left for the writing thread (once). Blocking (the adapter merges);
+        call it in the writing thread, while ``reading``."""
+        finish, self._finish = self._finish, None
+        if finish is not None:
+            finish(self.check_live)
+
     def resolve_converter(self) -> torch.nn.Module | None:
         """``converter``, deciding first if capture left it open. Blocking (the first time per
         model class in a process, transformers builds its conversion table): call it in the
@@ -104,24 +120,35 @@ class CapturedWeights:
     def _give_back(self) -> None:
         self.conversion_candidate = None
         self.tensors = {}
+        self._finish = None
         if self._lease is not None:
             self._lease.give_back()
+        if self._on_give_back is not None:
+            self._on_give_back()
 
 
-def capture(source: Source, *, buffers: BufferLease | None = None) -> CapturedWeights:
+def capture(
+    source: Source, *, buffers: BufferLease | None = None, plan: StatePlan | None = None
+) -> CapturedWeights:
     """Copy ``source``'s tensors into CPU memory the pipeline owns.
 
-    Blocks the calling thread for one copy of the weights; afterwards the caller may change
-    them freely. With ``buffers`` (a lease from the supervisor's pool) the copy goes into
-    reused memory (waiting for it if the pool is still faulting it in); without, into fresh
-    memory. Per-class metadata transformers is slow to compute is only looked up here, never
-    computed (see ``_conversions``). Tensors on CUDA are copied asynchronously into
-    the (pinned) set, then each CUDA device's current stream is synchronised once. Raises
-    ``TypeError`` / ``ValueError`` naming an entry that cannot be written; the lease is given
-    back on any error.
+    Blocks the calling thread for one copy of the weights (of a peft model: of what trains,
+    plus the frozen tensors that changed since the pool kept them, all of them the first
+    time); afterwards the caller may change them freely. With ``buffers`` (a lease from the
+    supervisor's pool) the copy goes into reused memory (waiting for it if the pool is still
+    faulting it in); without, into fresh memory. Per-class metadata transformers is slow to
+    compute is only looked up here, never computed (see ``_conversions``). Tensors on CUDA
+    are copied asynchronously into the (pinned) set, then each CUDA device's current stream
+    is synchronised once. Raises ``TypeError`` / ``ValueError`` naming an entry that cannot
+    be written, :class:`~actorsys.UnsupportedModelError` for a model whose form cannot be
+    copied; the lease is given back on any error. ``plan`` is ``plan_state(source)`` if the
+    caller made it already (admission sizes the lease from it), so a submit plans once; the
+    tensors it names are read when the copy runs.
     """
-    plan = plan_state(source)
+    if plan is None:
+        plan = plan_state(source)
     lease = buffers if buffers is not None else BufferLease(plan.buffer_nbytes, pinned=plan.on_cuda)
+    let_go: Callable[[], None] | None = None
     try:
         if plan.buffer_nbytes > lease.nbytes:
             raise ValueError(
@@ -130,11 +157,21 @@ def capture(source: Source, *, buffers: BufferLease | None = None) -> CapturedWe
             )
         tensors = _copy_into(plan.entries, lease.buffer()) if plan.entries else {}
         lease.prepare_spares()
-        weights = CapturedWeights(tensors, nbytes=plan.nbytes, lease=lease)
+        if plan.adapters is None:
+            weights = CapturedWeights(tensors, nbytes=plan.nbytes, lease=lease)
+        else:
+            kept = lease.pool.kept if lease.pool is not None else KeptBase()
+            outputs, merge, let_go = assemble(plan.adapters, tensors, lease.buffer(), kept)
+            weights = CapturedWeights(
+                outputs, nbytes=plan.nbytes, lease=lease, finish=merge, on_give_back=let_go,
+                num_parameters=plan.adapters.num_parameters,
+            )
         if plan.model is not None:
-            _capture_model_files(plan.model, weights)
+            _capture_model_files(plan.model, weights, count_parameters=plan.adapters is None)
     except BaseException:
         lease.give_back()
+        if let_go is not None:
+            let_go()
         raise
     return weights
 
@@ -161,10 +198,13 @@ def _copy_into(entries: dict[str, torch.Tensor], buffer: torch.Tensor) -> dict[s
     return tensors
 
 
-def _capture_model_files(model: torch.nn.Module, weights: CapturedWeights) -> None:
+def _capture_model_files(
+    model: torch.nn.Module, weights: CapturedWeights, *, count_parameters: bool = True
+) -> None:
     """What ``save_pretrained`` writes besides the weights, as of now: the model's config
     (with its dtype and architecture, as ``save_pretrained`` sets them) and generation
-    config, and how to revert weight conversions."""
+    config, how to revert weight conversions, and (``count_parameters``) the model's own
+    parameter count (a peft model's counts its adapters, which the merged model has not)."""
     config = getattr(model, "config", None)
     if config is None or not callable(getattr(config, "save_pretrained", None)):
         return
@@ -179,7 +219,7 @@ def _capture_model_files(model: torch.nn.Module, weights: CapturedWeights) -> No
     if generation_config is not None and callable(can_generate) and can_generate():
         weights.generation_config = copy.deepcopy(generation_config)
     num_parameters = getattr(model, "num_parameters", None)
-    if callable(num_parameters):
+    if count_parameters and callable(num_parameters):
         weights.num_parameters = int(num_parameters())
     has_conversions = _conversions.known(model)
     if has_conversions is None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from actorsys.snapshot._kept import KeptBase
 from actorsys.snapshot._memory import Preparation, allocate_faulted
 
 log = logging.getLogger("actorsys")
@@ -37,7 +38,10 @@ class PoolStatistics:
     in; ``leases``: leases granted so far; ``allocations``: sets a copy had to allocate itself
     (a lease that reuses or takes a prepared set allocates nothing); ``prepared``: sets
     allocated and faulted in ahead of any copy; ``preparing``: preparations under way;
-    ``free_nbytes``: bytes held by idle sets."""
+    ``free_nbytes``: bytes held by idle sets; ``kept``: frozen bases kept across points
+    (a peft model's, 0 or 1, one more than ``max_sets``), ``kept_nbytes`` their bytes and
+    ``kept_copied_nbytes`` the bytes copied into them so far (the base once, then only what
+    changed in place)."""
 
     sets: int
     free: int
@@ -46,6 +50,9 @@ class PoolStatistics:
     free_nbytes: int
     prepared: int = 0
     preparing: int = 0
+    kept: int = 0
+    kept_nbytes: int = 0
+    kept_copied_nbytes: int = 0
 
 
 class BufferPool:
@@ -55,6 +62,9 @@ class BufferPool:
     each time a set becomes available, so a waiter elsewhere can try again. With
     ``prepare_spares``, the first copy into a set of a new size starts a background thread that
     prepares the other sets at that size, so a later point never faults memory in.
+
+    ``kept`` is the frozen base of a peft model, kept across points beside the sets (see
+    ``_kept``); it is not leased and does not count against ``max_sets``.
     """
 
     def __init__(
@@ -78,6 +88,7 @@ class BufferPool:
         self._allocations = 0
         self._prepared = 0
         self._closed = False
+        self.kept = KeptBase()
 
     def try_lease(self, nbytes: int, *, pinned: bool) -> BufferLease | None:
         """A lease on a set of at least ``nbytes``, or None when every set is leased.
@@ -165,8 +176,10 @@ class BufferPool:
             self._closed = True
             self._sets -= len(self._free)
             self._free.clear()
+        self.kept.clear()
 
     def statistics(self) -> PoolStatistics:
+        kept, kept_nbytes, kept_copied = self.kept.statistics()
         with self._lock:
             return PoolStatistics(
                 sets=self._sets,
@@ -176,6 +189,9 @@ class BufferPool:
                 free_nbytes=sum(b.numel() for b in self._free),
                 prepared=self._prepared,
                 preparing=len(self._preparing),
+                kept=kept,
+                kept_nbytes=kept_nbytes,
+                kept_copied_nbytes=kept_copied,
             )
 
     def _start_preparation(self, nbytes: int, pinned: bool) -> Preparation | None:
@@ -265,6 +281,11 @@ class BufferLease:
         self._preparation = preparation
         self._lock = threading.Lock()
         self._returned = False
+
+    @property
+    def pool(self) -> BufferPool | None:
+        """The pool this lease came from (None for a one-off buffer)."""
+        return self._pool
 
     @property
     def fresh(self) -> bool:

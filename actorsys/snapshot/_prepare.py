@@ -19,7 +19,7 @@ from collections.abc import Mapping
 import torch
 import trio
 
-from actorsys._errors import ConfigError
+from actorsys._errors import ConfigError, UnsupportedModelError
 from actorsys.runtime import ThreadTracker, run_blocking
 from actorsys.snapshot import _conversions
 from actorsys.snapshot._pool import BufferPool, PoolStatistics
@@ -43,16 +43,21 @@ def plan_source(
     source: Source = model if model is not None else state_dict  # type: ignore[assignment]
     try:
         return plan_state(source)
+    except UnsupportedModelError:
+        raise
     except (TypeError, ValueError) as exc:
         raise ConfigError("model" if model is not None else "state_dict", str(exc)) from exc
 
 
 def prepare_planned(pool: BufferPool, plan: StatePlan) -> PoolStatistics:
     """The blocking half: conversions of the model's class, then every set of ``pool`` made
-    large enough for ``plan`` and faulted in. Run it in a worker thread."""
+    large enough for ``plan`` and faulted in, and a peft model's frozen base copied into the
+    pool's kept base. Run it in a worker thread."""
     if plan.model is not None:
         _conversions.resolve(plan.model)
     pool.prepare(plan.buffer_nbytes, pinned=plan.on_cuda)
+    if plan.adapters is not None:
+        pool.kept.refresh(plan.adapters.owner, plan.adapters.frozen, hold=False)
     return pool.statistics()
 
 

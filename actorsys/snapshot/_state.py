@@ -14,10 +14,15 @@ import re
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
+from actorsys.snapshot._forms import ModelForm, model_form
 from actorsys.snapshot._safetensors import DTYPE_NAMES
+
+if TYPE_CHECKING:
+    from actorsys.snapshot._adapters import AdapterPlan
 
 ALIGNMENT = 64
 """Byte alignment of every tensor inside a buffer set (any dtype can be viewed there)."""
@@ -36,6 +41,9 @@ class StatePlan:
     buffer_nbytes: int
     """Bytes of buffer the copy needs (``nbytes`` plus alignment)."""
     on_cuda: bool
+    adapters: AdapterPlan | None = None
+    """For a peft model: how the checkpoint's tensors are assembled from ``entries`` (what
+    trains), the kept frozen base and merges run in the export thread (see ``_adapters``)."""
 
 
 def plan_state(source: Source) -> StatePlan:
@@ -43,12 +51,17 @@ def plan_state(source: Source) -> StatePlan:
 
     Cheap (no tensor data is touched). Raises ``TypeError`` / ``ValueError`` naming the entry
     that cannot be written: a value that is not a tensor, a tensor on the meta device, a dtype
-    safetensors cannot hold.
+    safetensors cannot hold; :class:`~actorsys.UnsupportedModelError` for a model in a form
+    that cannot be copied (see ``_forms``).
     """
     if isinstance(source, torch.nn.Module):
         module = unwrap(source)
+        if model_form(module) is ModelForm.ADAPTERS:
+            from actorsys.snapshot._adapters import plan_adapters  # it builds on this module
+
+            return plan_adapters(module)
         model: torch.nn.Module | None = module
-        state = dict(module.state_dict())
+        state = {compiled_key(name): t for name, t in module.state_dict().items()}
     else:
         model, state = None, dict(source)
     for name, value in state.items():
@@ -64,16 +77,34 @@ def plan_state(source: Source) -> StatePlan:
 
 
 def unwrap(module: torch.nn.Module) -> torch.nn.Module:
-    """The model inside data-parallel and ``torch.compile`` wrappers (their state-dict keys
-    carry ``module.`` / ``_orig_mod.`` prefixes a checkpoint must not have)."""
+    """The model inside data-parallel, ``torch.compile`` and accelerate's wrappers (their
+    state-dict keys carry ``module.`` / ``_orig_mod.`` prefixes a checkpoint must not have):
+    DDP, DataParallel, DeepSpeed's engine (which accelerate wraps ZeRO-1/2 models in), and
+    ``torch.compile`` of the model (a peft model included)."""
     while True:
-        if isinstance(module, torch.nn.DataParallel | torch.nn.parallel.DistributedDataParallel):
+        inner: object
+        if isinstance(
+            module, torch.nn.DataParallel | torch.nn.parallel.DistributedDataParallel
+        ) or _is_deepspeed_engine(module):
             inner = module.module
         else:
             inner = getattr(module, "_orig_mod", None)
         if not isinstance(inner, torch.nn.Module):
             return module
         module = inner
+
+
+def compiled_key(name: str) -> str:
+    """``name`` without the ``_orig_mod.`` segments of submodules compiled on their own
+    (``torch.compile`` of a block, accelerate's regional compilation)."""
+    if "_orig_mod." not in name:
+        return name
+    return ".".join(part for part in name.split(".") if part != "_orig_mod")
+
+
+def _is_deepspeed_engine(module: torch.nn.Module) -> bool:
+    cls = type(module)
+    return cls.__name__ == "DeepSpeedEngine" and cls.__module__.startswith("deepspeed")
 
 
 def tensor_nbytes(tensor: torch.Tensor) -> int:

@@ -68,6 +68,7 @@ def _write(
         weights.config.save_pretrained(directory)
     if weights.generation_config is not None:
         weights.generation_config.save_pretrained(directory)
+    weights.finish()
     tensors: Mapping[str, torch.Tensor] = weights.tensors
     converter = weights.resolve_converter()
     if converter is not None:
