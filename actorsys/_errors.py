@@ -5,7 +5,8 @@ One root, a flat set of precise meanings; each error carries its context as attr
     ActorsysError
     ├── ConfigError             (also a ValueError) a config value, argument or staging dir
     │   │                         is unusable; ``field`` names it
-    │   └── ConfigTypeError       (also a TypeError) it has the wrong type
+    │   ├── ConfigTypeError       (also a TypeError) it has the wrong type
+    │   └── WatchOutInUseError    (watch.lock) another watch holds its OUT: ``path``, ``pid``
     ├── SubmitError             (also a ValueError) a submit call was malformed; ``step``;
     │   │                         nothing changed
     │   └── DuplicateStepError    the step was already submitted
@@ -50,6 +51,18 @@ class ConfigError(ActorsysError, ValueError):
 
 class ConfigTypeError(ConfigError, TypeError):
     """A configuration value or argument has the wrong type."""
+
+
+class WatchOutInUseError(ConfigError):
+    """Another ``watch`` holds the lock of this output directory: ``path`` (the lock file),
+    ``pid`` (its holder's, or None if it wrote none)."""
+
+    def __init__(self, path: str, pid: int | None) -> None:
+        holder = f"pid {pid}" if pid is not None else "another process"
+        super().__init__("out", f"{path} is held by {holder}, a watch on the same OUT; stop it "
+                                "or pass another --out")
+        self.path = path
+        self.pid = pid
 
 
 class SubmitError(ActorsysError, ValueError):
