@@ -36,6 +36,7 @@ from actorsys.fleet.engine import Fleet
 from actorsys.outcome import Outcome
 from actorsys.runtime import ThreadTracker, run_blocking
 from actorsys.sinks import JsonlSink, Sink
+from actorsys.sinks_fanout import FanoutSink
 from actorsys.supervisor import EvalSupervisor
 from actorsys.watch.ledger import DONE, FAILED, SKIPPED, VANISHED, Ledger
 from actorsys.watch.lock import OutLock
@@ -118,6 +119,7 @@ class Watcher:
         self.scanner = Scanner(settings.root, Completion(settings.marker, settings.quiet_seconds))
         self.lock = OutLock(settings.out)
         self.metrics = JsonlSink(os.path.join(settings.out, "metrics.jsonl"))
+        self._rows = FanoutSink([self.metrics, *([sink] if sink is not None else [])])
         self.threads = ThreadTracker()
         self.report = WatchReport()
         self.started: dict[int, float] = {}
@@ -347,11 +349,10 @@ class Watcher:
         return lines
 
     def _write(self, lines: list[str], outcome: WatchedOutcome) -> None:
-        """Blocking: the ledger first (what a restart resumes from), then the rows."""
+        """Blocking: the ledger first (what a restart resumes from), then the rows (a sink
+        that raises is logged, as the pipeline's are)."""
         self.ledger.write(lines)
-        self.metrics.record(outcome)
-        if self.sink is not None:
-            self.sink.record(outcome)
+        self._rows.record(outcome)
 
 
 class _Handoff:

@@ -378,3 +378,21 @@ async def test_metrics_rows_are_written_by_the_jsonl_sink_with_the_checkpoint_an
         ("step_10", 1, KEY), ("step_20", 1, KEY), ("step_30", 1, KEY), ("step_20", 2, KEY)
     ]
     assert rows[0]["fingerprint"] == fingerprint(str(root / "step_10"))
+
+
+class RaisingSink:
+    def record(self, outcome: Any) -> None:
+        raise OSError("the tracking server is down")
+
+
+async def test_a_sink_that_raises_is_logged_and_the_watch_goes_on(
+    dirs: tuple[Path, Path], autojump_clock: trio.testing.MockClock
+) -> None:
+    root, out = dirs
+    service = Watcher(
+        WatchSettings(root=str(root), out=str(out), once=True, poll_interval=1.0),
+        eval_fn=Recording(), eval_key=KEY, fleets_for=fleets_of(1), sink=RaisingSink(),
+    )
+    report = await service.run()
+    assert report.ok == [10, 20, 30]
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 3
