@@ -125,6 +125,7 @@ class Watcher:
         self.started: dict[int, float] = {}
         self._ledger: Ledger | None = None
         self._closed = False
+        self._token: trio.lowlevel.TrioToken | None = None
         self._scan_limiter = trio.CapacityLimiter(1)
         self._out_limiter = trio.CapacityLimiter(1)
         self._ignored: set[str] = set()
@@ -144,6 +145,7 @@ class Watcher:
 
     async def run(self) -> WatchReport:
         self._closed = False
+        self._token = trio.lowlevel.current_trio_token()
         try:
             await self._in_thread(self._out_limiter, self._open, "open the watch output")
             with self._cancel:
@@ -283,8 +285,13 @@ class Watcher:
     # -- settling, in step order ---------------------------------------------------------
 
     def settled(self, outcome: Outcome) -> None:
-        """An outcome from the supervisor (on the trio thread; never blocks): recorded by the
-        recorder task once every checkpoint submitted before it is."""
+        """An outcome from the supervisor's sink call, on whichever thread makes it; never
+        blocks. The recorder task records it once every checkpoint submitted before it is."""
+        if self._token is None:
+            raise RuntimeError("outcomes are handed over only while run() runs")
+        self._token.run_sync_soon(self._take, outcome)
+
+    def _take(self, outcome: Outcome) -> None:
         self._settled[outcome.step] = outcome
         self._wake_recorder.set()
 

@@ -396,3 +396,21 @@ async def test_a_sink_that_raises_is_logged_and_the_watch_goes_on(
     report = await service.run()
     assert report.ok == [10, 20, 30]
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 3
+
+
+async def test_outcomes_handed_over_from_another_thread_are_recorded_in_step_order(
+    dirs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch, autojump_clock: trio.testing.MockClock
+) -> None:
+    from actorsys.watch import service as watch_service
+
+    root, out = dirs
+
+    def record_from_a_thread(self: Any, outcome: Any) -> None:
+        thread = threading.Thread(target=self.watcher.settled, args=(outcome,))
+        thread.start()
+        thread.join()
+
+    monkeypatch.setattr(watch_service._Handoff, "record", record_from_a_thread)
+    report = await watcher(root, out, Recording(), fleets=2).run()
+    assert report.ok == [10, 20, 30]
+    assert [e["step"] for e in ledger_lines(out)] == [10, 20, 30]
