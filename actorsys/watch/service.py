@@ -147,8 +147,8 @@ class Watcher:
         self._closed = False
         self._token = trio.lowlevel.current_trio_token()
         try:
-            await self._in_thread(self._out_limiter, self._open, "open the watch output")
             with self._cancel:
+                await self._in_thread(self._out_limiter, self._open, "open the watch output")
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._record_settled)
                     due = await self._first_due()
