@@ -119,7 +119,7 @@ class Watcher:
         self.scanner = Scanner(settings.root, Completion(settings.marker, settings.quiet_seconds))
         self.lock = OutLock(settings.out)
         self.metrics = JsonlSink(os.path.join(settings.out, "metrics.jsonl"))
-        self._rows = FanoutSink([self.metrics, *([sink] if sink is not None else [])])
+        self._sink = FanoutSink([sink] if sink is not None else [])
         self.threads = ThreadTracker()
         self.report = WatchReport()
         self.started: dict[int, float] = {}
@@ -311,6 +311,8 @@ class Watcher:
                 self._changed.set()
 
     async def _record(self, checkpoint: Checkpoint, outcome: Outcome) -> None:
+        """The ledger and ``metrics.jsonl`` in a worker thread, then the sink on the trio
+        thread, where the pipeline calls sinks too (a sink that raises is logged)."""
         vanished = False
         if not outcome.ok and outcome.reason != CLOSED:
             vanished = not await self._in_thread(
@@ -327,6 +329,7 @@ class Watcher:
         await self._in_thread(
             self._out_limiter, partial(self._write, lines, watched), f"record {checkpoint.name}"
         )
+        self._sink.record(watched)
 
     def _ledger_lines(self, checkpoint: Checkpoint, outcome: Outcome, *, vanished: bool) -> list[str]:
         """The ledger entries ``outcome`` makes (noted in the ledger's memory); the report."""
@@ -356,10 +359,9 @@ class Watcher:
         return lines
 
     def _write(self, lines: list[str], outcome: WatchedOutcome) -> None:
-        """Blocking: the ledger first (what a restart resumes from), then the rows (a sink
-        that raises is logged, as the pipeline's are)."""
+        """Blocking: the ledger first (what a restart resumes from), then the row."""
         self.ledger.write(lines)
-        self._rows.record(outcome)
+        self.metrics.record(outcome)
 
 
 class _Handoff:

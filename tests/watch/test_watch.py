@@ -414,3 +414,29 @@ async def test_outcomes_handed_over_from_another_thread_are_recorded_in_step_ord
     report = await watcher(root, out, Recording(), fleets=2).run()
     assert report.ok == [10, 20, 30]
     assert [e["step"] for e in ledger_lines(out)] == [10, 20, 30]
+
+
+class TrioSink:
+    """A sink that wakes a trio task, as a sink of the pipeline may: it must run on the trio
+    thread."""
+
+    def __init__(self) -> None:
+        self.landed = trio.Event()
+        self.steps: list[int] = []
+
+    def record(self, outcome: Any) -> None:
+        self.steps.append(outcome.step)
+        self.landed.set()
+
+
+async def test_the_sink_is_called_on_the_trio_thread_as_the_pipeline_calls_sinks(
+    dirs: tuple[Path, Path], autojump_clock: trio.testing.MockClock
+) -> None:
+    root, out = dirs
+    sink = TrioSink()
+    service = Watcher(
+        WatchSettings(root=str(root), out=str(out), once=True, poll_interval=1.0),
+        eval_fn=Recording(), eval_key=KEY, fleets_for=fleets_of(1), sink=sink,
+    )
+    report = await service.run()
+    assert report.ok == [10, 20, 30] and sink.steps == [10, 20, 30] and sink.landed.is_set()
