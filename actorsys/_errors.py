@@ -8,8 +8,9 @@ One root, a flat set of precise meanings; each error carries its context as attr
     │   ├── ConfigTypeError       (also a TypeError) it has the wrong type
     │   ├── StagingInUseError     another live supervisor holds the staging dir: ``path``,
     │   │                         ``pid`` (the holder's, None if it could not be read)
-    │   └── UnsupportedModelError (snapshot) a model in a form its weights cannot be copied
-    │                             from (FSDP1, ZeRO-3, quantized); ``form`` names it
+    │   ├── UnsupportedModelError (snapshot) a model in a form its weights cannot be copied
+    │   │                         from (FSDP1, ZeRO-3, quantized); ``form`` names it
+    │   └── WatchOutInUseError    (watch.lock) another watch holds its OUT: ``path``, ``pid``
     ├── SubmitError             (also a ValueError) a submit call was malformed; ``step``;
     │   │                         nothing changed
     │   └── DuplicateStepError    the step was already submitted
@@ -81,6 +82,18 @@ class UnsupportedModelError(ConfigError):
     def __init__(self, form: str, message: str) -> None:
         super().__init__("model", message)
         self.form = form
+
+
+class WatchOutInUseError(ConfigError):
+    """Another ``watch`` holds the lock of this output directory: ``path`` (the lock file),
+    ``pid`` (its holder's, or None if it wrote none)."""
+
+    def __init__(self, path: str, pid: int | None) -> None:
+        holder = f"pid {pid}" if pid is not None else "another process"
+        super().__init__("out", f"{path} is held by {holder}, a watch on the same OUT; stop it "
+                                "or pass another --out")
+        self.path = path
+        self.pid = pid
 
 
 class SubmitError(ActorsysError, ValueError):

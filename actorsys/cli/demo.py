@@ -45,7 +45,9 @@ def add_demo_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
 def run_demo_command(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from actorsys._errors import ConfigError
     from actorsys.cli.plots import plot_eval
+    from actorsys.demo.out_dir import out_problem
     from actorsys.demo.run import (
         SCORE,
         DemoSettings,
@@ -61,6 +63,9 @@ def run_demo_command(args: argparse.Namespace) -> int:
         out=args.out, fleets=args.engines,
     )
     problem = check_engine(settings)
+    out_is_unusable = out_problem(os.path.abspath(settings.out))
+    if problem is None and out_is_unusable is not None:
+        problem = f"argument --out: {out_is_unusable}"
     if problem is not None:
         sys.stderr.write(f"actorsys demo: {problem}\n")
         return 2
@@ -73,7 +78,13 @@ def run_demo_command(args: argparse.Namespace) -> int:
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()
-    result = run_demo(settings, stderr_console())
+    try:
+        result = run_demo(settings, stderr_console())
+    except ConfigError as exc:
+        if exc.field != "out":
+            raise
+        sys.stderr.write(f"actorsys demo: argument --out: {str(exc).removeprefix('out: ')}\n")
+        return 2
     plot_eval(
         points_of(result.outcomes),
         os.path.join(settings.out, "eval.png"),

@@ -1,16 +1,21 @@
 """'actorsys watch DIR': evaluate every complete checkpoint under DIR exactly once, in step
-order, with the same dataset definitions a trainer uses ('--eval-config' or
-'--eval-prompt-data').
+order, with the same evaluation flags a trainer uses ('--eval-config' or '--eval-prompt-data',
+'--eval-timeout', '--eval-probe', ...).
 
 A checkpoint is a subdirectory whose name ends in its step number; it is complete when it
-holds '.complete' (or, with '--quiet-seconds', when nothing in it changed for that long).
-DIR is polled every '--poll-interval' seconds (no inotify: it fires on no network
-filesystem). OUT/ledger.jsonl records every attempt, keyed by checkpoint and a hash of the
-eval settings; a restart resumes from it, and new eval settings re-evaluate the backlog. A
-failed point is retried up to '--max-attempts' times, then recorded 'failed'.
-OUT/metrics.jsonl gets one line per attempt; each settled point is also printed on stdout.
-'--once' processes the backlog and exits 0, or 1 if a point failed. Ctrl-C stops within
-'--eval-close-timeout' (exit 130).
+holds '.complete', or, for a transformers 'checkpoint-N', once the trainer has written its
+'trainer_state.json' (the last file it saves). '--marker NAME' names the one file that marks a
+complete checkpoint instead (prime-rl: STABLE); with '--quiet-seconds', a checkpoint nothing
+in which changed for that long is complete too. DIR is polled every '--poll-interval' seconds
+(no inotify: it fires on no network filesystem); symlinks out of DIR are never followed.
+OUT/ledger.jsonl records every attempt, keyed by checkpoint (its name and a fingerprint of its
+weight files: one rewritten in place is evaluated again) and by a hash of the eval settings; a
+restart resumes from it, and new eval settings re-evaluate the backlog. A failed point is
+retried up to '--max-attempts' times, then recorded 'failed'; one the server refused as a bad
+request is recorded failed at once, with the server's message. OUT/metrics.jsonl gets one line
+per attempt; each settled point is also printed on stdout. One watch at a time holds
+OUT/.lock. '--once' processes the backlog and exits 0, or 1 if a point failed. Ctrl-C stops
+within '--eval-close-timeout' (exit 130).
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ log = logging.getLogger("actorsys.watch")
 
 
 def add_watch_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from actorsys.evals.flags import add_dataset_arguments
+    from actorsys.config import EvalConfig
 
     parser = subparsers.add_parser(
         "watch",
@@ -47,7 +52,7 @@ def add_watch_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("dir", metavar="DIR", type=existing_dir, help="the checkpoint directory")
-    add_dataset_arguments(parser.add_argument_group("what to evaluate (as a trainer's flags)"))
+    _hide_watch_owned(EvalConfig.add_arguments(parser))
     engines = parser.add_argument_group("where to evaluate")
     where = engines.add_mutually_exclusive_group()
     where.add_argument("--engines", type=int_at_least(1), metavar="N",
@@ -67,17 +72,15 @@ def add_watch_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     when.add_argument("--once", action="store_true", help="process the backlog, then exit")
     when.add_argument("--poll-interval", type=seconds, default=10.0, metavar="S",
                       help="seconds between scans of DIR (default 10)")
+    when.add_argument("--marker", type=file_name, default=None, metavar="NAME",
+                      help="the file that marks a complete checkpoint (prime-rl: STABLE); "
+                           "default: .complete, or a transformers checkpoint-N's "
+                           "trainer_state.json")
     when.add_argument("--quiet-seconds", type=seconds, default=None, metavar="S",
-                      help="a checkpoint without .complete is complete once nothing in it "
+                      help="a checkpoint without its marker is complete once nothing in it "
                            "changed for S seconds")
     when.add_argument("--max-attempts", type=int_at_least(1), default=3, metavar="N",
                       help="attempts at one checkpoint before it is recorded failed (default 3)")
-    when.add_argument("--eval-timeout", type=seconds, default=None, metavar="S",
-                      help="seconds one evaluation may take (default: unbounded)")
-    when.add_argument("--eval-pin-timeout", type=seconds, default=600.0, metavar="S",
-                      help="seconds pinning the engines to a checkpoint may take (default 600)")
-    when.add_argument("--eval-close-timeout", type=seconds, default=30.0, metavar="S",
-                      help="seconds Ctrl-C may take to stop (default 30)")
     results = parser.add_argument_group("results")
     results.add_argument("--out", metavar="OUT", default="actorsys-watch",
                          help="where ledger.jsonl and metrics.jsonl go (default ./actorsys-watch)")
@@ -87,10 +90,27 @@ def add_watch_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     parser.set_defaults(run=run_watch, parser=parser)
 
 
+def _hide_watch_owned(group: argparse._ArgumentGroup) -> None:
+    """Leave the flags watch sets itself out of its --help (run_watch refuses them)."""
+    from actorsys import _flags
+    from actorsys.watch.service import WATCH_OWNED_FIELDS
+
+    owned = {flag.dest for flag in _flags.FLAGS if flag.field in WATCH_OWNED_FIELDS}
+    for action in group._group_actions:
+        if action.dest in owned:
+            action.help = argparse.SUPPRESS
+
+
+def file_name(text: str) -> str:
+    if not text or text in (".", "..") or "/" in text or "\0" in text:
+        raise argparse.ArgumentTypeError(f"expected a file name (no '/'), got {text!r}")
+    return text
+
+
 def run_watch(args: argparse.Namespace) -> int:
     import trio
 
-    from actorsys._errors import ConfigError
+    from actorsys._errors import ConfigError, WatchOutInUseError
     from actorsys.evals import DatasetEval, datasets_from_args
     from actorsys.fleet.engine import EngineUnhealthyError
     from actorsys.fleet.local import FleetStartError
@@ -98,24 +118,28 @@ def run_watch(args: argparse.Namespace) -> int:
 
     parser: argparse.ArgumentParser = args.parser
     setup_logging(args.log_level)
+    config = _eval_config(args, parser)
     try:
         datasets = datasets_from_args(args)
     except ConfigError as exc:
         parser.error(str(exc).splitlines()[0])
     if not datasets:
         parser.error("no eval datasets; pass --eval-config FILE or --eval-prompt-data NAME PATH")
+    out = os.path.abspath(args.out)
+    problem = unusable_out(out)
+    if problem is not None:
+        parser.error(f"argument --out: {problem}")
     fleets_for = _fleets_for(args, parser)
     settings = WatchSettings(
         root=os.path.abspath(args.dir),
-        out=os.path.abspath(args.out),
+        out=out,
         catchup=args.catchup,
         once=args.once,
         poll_interval=args.poll_interval,
         quiet_seconds=args.quiet_seconds,
+        marker=args.marker,
         max_attempts=args.max_attempts,
-        eval_timeout=args.eval_timeout,
-        pin_timeout=args.eval_pin_timeout,
-        close_timeout=args.eval_close_timeout,
+        config=config,
     )
     sinks = _sinks(args)
     try:
@@ -127,13 +151,14 @@ def run_watch(args: argparse.Namespace) -> int:
                  watcher.eval_key, settings.out)
         report = trio.run(_serve, watcher)
     except BaseExceptionGroup as group:
+        in_use = group.subgroup(WatchOutInUseError)
+        if in_use is not None:
+            sys.stderr.write(f"actorsys watch: {_first_leaf(in_use)}\n")
+            return 2
         unusable = group.subgroup((FleetStartError, EngineUnhealthyError))
         if unusable is None:
             raise
-        leaf: BaseException = unusable
-        while isinstance(leaf, BaseExceptionGroup):
-            leaf = leaf.exceptions[0]
-        first = str(leaf).splitlines()[0].removesuffix("; log tail:")
+        first = str(_first_leaf(unusable)).splitlines()[0].removesuffix("; log tail:")
         sys.stderr.write(
             f"actorsys watch: no engines to evaluate on: {first} (logs in {settings.out}/logs)\n"
         )
@@ -145,6 +170,42 @@ def run_watch(args: argparse.Namespace) -> int:
     print(f"evaluated {len(report.ok)} checkpoints ok, {len(report.failed)} failed "
           f"{report.failed}, {len(report.vanished)} vanished {report.vanished}", flush=True)
     return 1 if report.failed else 0
+
+
+def _eval_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Any:
+    """The eval settings the trainer's flags give; a flag watch sets itself is refused."""
+    from actorsys import _flags
+    from actorsys._errors import ConfigError
+    from actorsys.config import EvalConfig
+    from actorsys.watch.service import WATCH_OWNED_FIELDS
+
+    for field in _flags.config_kwargs(args):
+        if field in WATCH_OWNED_FIELDS:
+            parser.error(f"argument {_flags.flag_of(field)}: watch evaluates the checkpoints "
+                         "under DIR in place, one per fleet at a time; leave it out")
+    try:
+        return EvalConfig.from_args(args)
+    except ConfigError as exc:
+        parser.error(" ".join([str(exc), *getattr(exc, "__notes__", [])]))
+
+
+def unusable_out(out: str) -> str | None:
+    """Why ``out`` cannot hold watch's output (creating it if it is missing), or None."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        return f"{out} exists and is not a directory; pass a directory"
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as exc:
+        return f"cannot create {out} ({exc.strerror or exc}); pass a directory you can write"
+    if not os.access(out, os.W_OK | os.X_OK):
+        return f"{out} is not writable; pass a directory you can write"
+    return None
+
+
+def _first_leaf(group: BaseException) -> BaseException:
+    while isinstance(group, BaseExceptionGroup):
+        group = group.exceptions[0]
+    return group
 
 
 async def _serve(watcher: Any) -> Any:
@@ -201,10 +262,20 @@ class PrintSink:
             )
             print(f"step {outcome.step}: ok {scores}", flush=True)
         else:
-            print(f"step {outcome.step}: {outcome.status} ({outcome.reason})", flush=True)
+            from actorsys.watch.service import error_of
+
+            error = error_of(outcome)
+            why = outcome.reason if error is None else f"{outcome.reason}: {one_line(error)}"
+            print(f"step {outcome.step}: {outcome.status} ({why})", flush=True)
 
     def close(self) -> None:
         """Nothing to release."""
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """``text``'s first line, cut to ``limit`` characters."""
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    return first if len(first) <= limit else first[: limit - 3] + "..."
 
 
 def _sinks(args: argparse.Namespace) -> Any:

@@ -3,14 +3,14 @@ evaluates a snapshot every K steps on a local fleet, and the trainer never waits
 
 What it leaves in ``out``: ``metrics.jsonl`` (one outcome a line), ``eval.png`` (eval accuracy
 by step beside the training loss), ``held_out.jsonl`` (the problems scored), ``base/`` (the
-untrained checkpoint the engines start from) and ``logs/`` (the engines' logs).
+untrained checkpoint the engines start from), ``staging/`` (the snapshots) and ``logs/`` (the
+engines' logs); a later run deletes or overwrites only these (see :mod:`actorsys.demo.out_dir`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -23,6 +23,7 @@ from rich.console import Console
 from actorsys.config import EvalConfig
 from actorsys.demo.addition import ANSWER_TOKENS, write_base_checkpoint
 from actorsys.demo.fleet_thread import FleetThread
+from actorsys.demo.out_dir import prepare_out
 from actorsys.demo.progress import DemoProgress
 from actorsys.fleet.local import VLLM_PYTHON
 from actorsys.metrics_file import Point
@@ -78,21 +79,18 @@ def measure_blocking_save(model: torch.nn.Module) -> float:
 
 def run_demo(settings: DemoSettings, console: Console) -> DemoResult:
     """Train, evaluate live, write the metrics; blocks until the last point settled (or
-    ``close_timeout`` ran out). Ctrl-C stops the training, cuts off the evaluations and stops
+    ``close_timeout`` ran out). Raises :class:`ConfigError` before anything else when ``out``
+    holds files an earlier demo did not make. Ctrl-C stops the training, cuts off the evaluations and stops
     the engines, then raises KeyboardInterrupt."""
     from actorsys.evals import DatasetEval, EvalDataset
     from bridge import EvalBridge
 
     started = time.monotonic()
     out = os.path.abspath(settings.out)
-    os.makedirs(out, exist_ok=True)
+    prepare_out(out)
     base = os.path.join(out, "base")
     staging = os.path.join(out, "staging")
-    for stale in (base, staging):
-        shutil.rmtree(stale, ignore_errors=True)
     metrics_path = os.path.join(out, "metrics.jsonl")
-    if os.path.exists(metrics_path):
-        os.remove(metrics_path)
     held_out = os.path.join(out, "held_out.jsonl")
 
     torch.set_num_threads(1)

@@ -8,6 +8,9 @@ import json
 import os
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from functools import partial
+
+import trio
 
 from actorsys.fleet.engine import EngineUnhealthyError, Fleet
 from actorsys.fleet.flavor import Flavor, engine_of_flavor
@@ -43,7 +46,10 @@ async def started_fleets(
 ) -> AsyncIterator[list[Fleet]]:
     """Start ``engines`` CPU engines serving ``checkpoint`` (vLLM for ``flavor="vllm"``, the
     embedded engine otherwise), dealt into ``fleets`` fleets; stop them on the way out."""
-    specs = engine_specs(checkpoint.path, engines=engines, flavor=flavor)
+    specs = await trio.to_thread.run_sync(
+        partial(engine_specs, checkpoint.path, engines=engines, flavor=flavor),
+        abandon_on_cancel=True,  # it only reads the checkpoint's config
+    )
     async with LocalFleet.open(specs, log_dir=log_dir, startup_timeout=startup_timeout) as local:
         yield [Fleet(group) for group in split(local.fleet.engines, fleets)]  # type: ignore[arg-type]
 

@@ -1,14 +1,19 @@
 """The watch ledger: ``OUT/ledger.jsonl``, an append-only record of evaluation attempts.
 
-Each line is one JSON object: ``checkpoint`` (the directory's name), ``step``, ``eval_key``
-(a hash of the eval settings), ``status`` and, where it applies, ``reason`` and ``attempt``.
-Statuses: ``ok`` (done), ``skipped`` (an attempt that failed; retried), ``failed`` (the last
-allowed attempt failed; never retried), ``vanished`` (deleted before its evaluation).
+Each line is one JSON object: ``checkpoint`` (the directory's name), ``fingerprint`` (of its
+weight files: see :func:`actorsys.watch.scan.fingerprint`), ``step``, ``eval_key`` (a hash of
+the eval settings), ``status`` and, where it applies, ``reason`` and ``attempt``. Statuses:
+``ok`` (done), ``skipped`` (an attempt that failed; retried), ``failed`` (the last allowed
+attempt failed, or one that can never succeed; never retried), ``vanished`` (deleted before
+its evaluation).
+
+A checkpoint is known by its name and its fingerprint together: one rewritten in place, or
+another run's checkpoint of the same name, is due again. A changed ``eval_key`` (a new
+dataset, other settings) makes every checkpoint due again.
 
 Lines are written whole, in one ``write`` on a file opened for appending, then fsynced, so a
 crash leaves at most a torn last line; reading ignores any line that is not a JSON object,
-and the next append starts a new line after it. A changed ``eval_key`` (a new dataset, other
-settings) makes every checkpoint due again.
+and the next append starts a new line after it.
 """
 
 from __future__ import annotations
@@ -18,13 +23,14 @@ import logging
 import os
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 log = logging.getLogger("actorsys.watch")
 
-Key = tuple[str, str]
+Key = tuple[str, str, str]
+"""(checkpoint name, fingerprint, eval key)"""
 DONE = "ok"
 SKIPPED = "skipped"
 FAILED = "failed"
@@ -45,7 +51,8 @@ class History:
 
 
 class Ledger:
-    """The ledger at ``path`` (created on the first append). Loading reads it whole."""
+    """The ledger at ``path`` (created on the first write). Loading reads it whole: blocking,
+    as :meth:`write` is; the rest works in memory."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
@@ -53,31 +60,41 @@ class Ledger:
         self._needs_newline = False
         self._load()
 
-    def history(self, checkpoint: str, eval_key: str) -> History:
-        return self._histories.get((checkpoint, eval_key), History())
+    def history(self, checkpoint: str, fingerprint: str, eval_key: str) -> History:
+        return self._histories.get((checkpoint, fingerprint, eval_key), History())
 
-    def due(self, checkpoint: str, eval_key: str, max_attempts: int) -> bool:
-        """Whether ``checkpoint`` still needs an evaluation under ``eval_key``."""
-        history = self.history(checkpoint, eval_key)
+    def due(self, checkpoint: str, fingerprint: str, eval_key: str, max_attempts: int) -> bool:
+        """Whether ``checkpoint`` (as it is now: ``fingerprint``) still needs an evaluation
+        under ``eval_key``."""
+        history = self.history(checkpoint, fingerprint, eval_key)
         return not history.settled and history.attempts < max_attempts
 
-    def append(self, checkpoint: str, step: int, eval_key: str, status: str, **fields: Any) -> None:
-        """Append one line and fsync it. Blocking (a write and an fsync)."""
-        history = self._histories[(checkpoint, eval_key)]
+    def note(
+        self, checkpoint: str, fingerprint: str, step: int, eval_key: str, status: str,
+        **fields: Any,
+    ) -> str:
+        """Take one entry into the ledger's memory and return its line, for :meth:`write`."""
+        history = self._histories[(checkpoint, fingerprint, eval_key)]
         if status == SKIPPED:
             history.attempts += 1
             fields.setdefault("attempt", history.attempts)
         elif status == DONE:
             fields.setdefault("attempt", history.attempts + 1)
         history.status = status
-        entry = {"checkpoint": checkpoint, "step": step, "eval_key": eval_key, "status": status,
-                 **fields, "time": round(time.time(), 3)}
-        line = json.dumps(entry, default=repr) + "\n"
+        entry = {"checkpoint": checkpoint, "fingerprint": fingerprint, "step": step,
+                 "eval_key": eval_key, "status": status, **fields, "time": round(time.time(), 3)}
+        return json.dumps(entry, default=repr) + "\n"
+
+    def write(self, lines: Sequence[str]) -> None:
+        """Append ``lines`` (from :meth:`note`) in one write, and fsync. Blocking."""
+        if not lines:
+            return
+        data = "".join(lines)
         if self._needs_newline:
-            line = "\n" + line
+            data = "\n" + data
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            os.write(fd, line.encode())
+            os.write(fd, data.encode())
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -94,7 +111,8 @@ class Ledger:
             if entry is None:
                 log.warning("%s line %d is torn or not a ledger entry; ignored", self.path, number)
                 continue
-            history = self._histories[(str(entry["checkpoint"]), str(entry["eval_key"]))]
+            key = (str(entry["checkpoint"]), str(entry.get("fingerprint", "")), str(entry["eval_key"]))
+            history = self._histories[key]
             status = str(entry["status"])
             if status == SKIPPED:
                 history.attempts += 1
