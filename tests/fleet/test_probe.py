@@ -242,7 +242,7 @@ async def test_pin_deadline_abandons_a_reference_still_computing(
 ) -> None:
     release = threading.Event()
 
-    def stuck(path: str) -> Reference:
+    def stuck(path: str, prompts: object = None) -> Reference:
         release.wait()
         raise AssertionError("abandoned: nobody reads this")
 
