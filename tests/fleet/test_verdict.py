@@ -25,31 +25,20 @@ from actorsys import (
 from actorsys.fleet import probe as probe_module
 from actorsys.fleet.probe import Reference, WeightsMismatchError, compute_reference
 from actorsys.fleet.verdict import PinVerdict, ProbeCancelledError
+from tests.fakes import FakeEngine
 from tests.fleet.conftest import TinyModels
 
 
-class AnswersAs:
+class AnswersAs(FakeEngine):
     """Reads back whatever version it loads, and answers the probe as ``serves`` does (its
     greedy tokens, computed before the test starts): the right label over other weights,
     unless ``serves`` is the snapshot being pinned."""
 
     def __init__(self, name: str, answers: dict[str, list[list[int]]], serves: str) -> None:
-        self.name = name
+        super().__init__(name)
         self.answers = answers
         self.serves = serves
-        self.version: str | None = None
         self.answered = trio.Event()
-
-    async def health(self) -> None:
-        await trio.lowlevel.checkpoint()
-
-    async def load_weights(self, path: str, version: str) -> None:
-        await trio.lowlevel.checkpoint()
-        self.version = version
-
-    async def weight_version(self) -> str | None:
-        await trio.lowlevel.checkpoint()
-        return self.version
 
     async def greedy_tokens(
         self, prompts: Sequence[Sequence[int]], max_tokens: int
