@@ -60,9 +60,3 @@ class PinVerdict:
         if self.error is not None:
             raise self.error
 
-
-def settled_verdict(version: str) -> PinVerdict:
-    """A verdict known at once to be clean (a pin with nothing left to judge)."""
-    verdict = PinVerdict(version)
-    verdict.settle(None)
-    return verdict
