@@ -22,10 +22,14 @@ One root, a flat set of precise meanings; each error carries its context as attr
     │       │                     ``index``; ``reason`` unhealthy
     │       └── StaleWeightsError   an answer came from other weights: ``expected``, ``actual``;
     │                               ``reason`` pin_violation
-    ├── PinError                (fleet.engine) a pin failed: ``engine``, ``reason``
+    ├── PinError                (fleet.errors) a pin failed: ``engine``, ``reason``
     │   ├── EngineUnhealthyError    unhealthy
     │   ├── PinViolationError       pin_violation: ``expected``, ``actual``
-    │   └── CheckpointRejectedError ckpt_invalid: ``path``
+    │   │   └── WeightsMismatchError  (fleet.probe) the right version, other weights:
+    │   │                             ``answer``, ``reference``, ``prompt``, ``position``
+    │   ├── CheckpointRejectedError ckpt_invalid: ``path``
+    │   └── ProbeCancelledError     (fleet.verdict) pin_timeout: the probe was cut off
+    │                               before its answers were judged
     ├── CheckpointMismatchError (also a ValueError; fleet.checkpoint) a checkpoint does not
     │                           match the served model: ``path``
     ├── FleetStartError         (also a RuntimeError; fleet.local) an engine of a local fleet

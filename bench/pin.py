@@ -4,10 +4,14 @@ from submit to eval start goes.
 Run: ``.venv/bin/python bench/pin.py [--hidden 512 --layers 8 --repeats 5] [--vllm]``
 
 1. Pin one engine, then four engines loading in parallel, to the same snapshots (alternating
-   between two, so every pin loads new weights), with the weight probe off and on in turn;
-   prints the medians side by side, what the probe adds, and the 4 / 1 engine ratio. With
-   ``--vllm``, the same for one vLLM server (from ``.venv-vllm``, tied embeddings, as the
-   local fleet launches it).
+   between two, so every pin loads new weights), with the weight probe off and on in turn.
+   A pin is timed until the evaluation may start (``Fleet.pin_and_verify``'s start returns:
+   the version read back and, with the probe, the engines' answers in); the verdict, which
+   waits for the snapshot's reference, is timed separately, as are the engines' own answers
+   to the probe (asked alone, right after). Prints the medians side by side, what the probe
+   adds beyond the engines' own time to answer it (goal: about nothing), and the 4 / 1
+   engine ratio. With ``--vllm``, the same for one vLLM server (from ``.venv-vllm``, tied
+   embeddings, as the local fleet launches it).
 2. The memory the probe's reference costs: the snapshot loaded as the probe loads it, anonymous
    memory (a copy) against file-backed memory (the mapped safetensors) of this process.
 3. Submit points through EvalSupervisor (export from a model in memory) to a fleet of one and
@@ -19,6 +23,7 @@ Run: ``.venv/bin/python bench/pin.py [--hidden 512 --layers 8 --repeats 5] [--vl
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -40,7 +45,7 @@ from actorsys import (  # noqa: E402
     RolloutFnEvalOutput,
 )
 from actorsys.fleet.local import LocalFleet, embedded  # noqa: E402
-from actorsys.fleet.probe import WeightProbe, probe_prompts  # noqa: E402
+from actorsys.fleet.probe import WeightProbe, probe_prompts, read_probe_prompts  # noqa: E402
 from tests.models import make_model, make_snapshot, random_model  # noqa: E402
 
 VLLM_PYTHON = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
@@ -61,26 +66,46 @@ class StartStamp(CheckpointEvalFn):
 
 async def pin_times(
     fleet: Fleet, snapshots: list[str], repeats: int
-) -> dict[bool, list[float]]:
-    """Pin times with the probe off and on, interleaved so that noise hits both alike."""
-    times: dict[bool, list[float]] = {False: [], True: []}
+) -> dict[str, list[float]]:
+    """Pin times with the probe off and on, interleaved so that noise hits both alike: until
+    the evaluation may start (``off``, ``on``), until the verdict (``verdict``), and the
+    engines' own time to answer the probe, asked alone after a pin (``answer``)."""
+    times: dict[str, list[float]] = {"off": [], "on": [], "verdict": [], "answer": []}
+    probe = WeightProbe()
     count = 0
     for _ in range(repeats):
-        for probe in (False, True):
+        for probed in (False, True):
+            snapshot = snapshots[count % 2]
             started = trio.current_time()
-            await fleet.pin(snapshots[count % 2], f"bench-{count}", probe=probe)
-            times[probe].append(trio.current_time() - started)
+            async with trio.open_nursery() as nursery:
+                verdict = await nursery.start(
+                    functools.partial(fleet.pin_and_verify, snapshot, f"bench-{count}",
+                                      probe=probed)
+                )
+                pinned = trio.current_time()
+                await verdict.wait()
+            judged = trio.current_time()
+            times["on" if probed else "off"].append(pinned - started)
+            if probed:
+                times["verdict"].append(judged - started)
+                prompts = read_probe_prompts(snapshot)
+                asked = trio.current_time()
+                await probe.ask(probe.probed(fleet.engines), prompts)
+                times["answer"].append(trio.current_time() - asked)
             count += 1
     return times
 
 
-def print_pin_table(rows: list[tuple[str, dict[bool, list[float]]]]) -> None:
-    print("| pin (health + load + read back) | probe off, median s | probe on, median s "
-          "| the probe adds, ms | on / off |")
-    print("|---|---|---|---|---|")
+def print_pin_table(rows: list[tuple[str, dict[str, list[float]]]]) -> None:
+    print("| pin, until the eval may start | probe off, median s | probe on, median s "
+          "| on / off | engines answer the probe, ms | the probe adds beyond that, ms "
+          "| verdict after, s |")
+    print("|---|---|---|---|---|---|---|")
     for label, times in rows:
-        off, on = median(times[False]), median(times[True])
-        print(f"| {label} | {off:.3f} | {on:.3f} | {1000 * (on - off):.0f} | {on / off:.2f} |")
+        off, on = median(times["off"]), median(times["on"])
+        answer, verdict = median(times["answer"]), median(times["verdict"])
+        print(f"| {label} | {off:.3f} | {on:.3f} | {on / off:.2f} | {1000 * answer:.0f} "
+              f"| {1000 * (on - off - answer):.0f} | {verdict:.3f} |")
 
 
 async def reference_times(snapshots: list[str], repeats: int) -> list[float]:
@@ -123,7 +148,7 @@ def reference_memory(snapshot: str) -> None:
           f"| {loaded['RssFile'] - before['RssFile']:.0f} |\n")
 
 
-async def vllm_pin_times(root: Path, args: argparse.Namespace) -> dict[bool, list[float]]:
+async def vllm_pin_times(root: Path, args: argparse.Namespace) -> dict[str, list[float]]:
     from actorsys.fleet.local import vllm
 
     make_model(root / "tied", seed=0, hidden=args.hidden, layers=args.layers, tied=True)
@@ -203,7 +228,7 @@ async def main(args: argparse.Namespace) -> None:
             alone = await reference_times(snapshots, args.repeats)
             print(f"\nthe snapshot's reference alone (runs while the engines load): median "
                   f"{median(alone):.3f} s, min {min(alone):.3f} s")
-            ratio = median(t4[True]) / median(t1[True])
+            ratio = median(t4["on"]) / median(t1["on"])
             print(f"\nratio 4 engines / 1 engine (probe on): {ratio:.2f}\n")
             reference_memory(snapshots[0])
             print("| submit -> eval start, mean s | submit blocks | export | pin | other | total |")

@@ -2,7 +2,8 @@
 
 A Llama causal LM with random weights (head_dim 32, the least vLLM's CPU attention takes) and a
 byte-level BPE tokenizer trained on a few lines, saved with ``save_pretrained`` so that
-transformers, the embedded engine and vLLM all load them as they would a real checkpoint.
+transformers, the embedded engine and vLLM all load them as they would a real checkpoint; and
+a tiny Qwen3-MoE (4 experts, tied embeddings), whose experts transformers fuses at load.
 """
 
 from __future__ import annotations
@@ -12,7 +13,15 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    LlamaConfig,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen3MoeConfig,
+)
 
 EOS = "<|endoftext|>"
 CORPUS = [
@@ -70,6 +79,30 @@ def tiny_config(
     )
 
 
+def tiny_moe_config(vocab_size: int, eos_id: int, *, hidden: int = 64, experts: int = 4) -> Qwen3MoeConfig:
+    """A 2-layer Qwen3-MoE, every layer sparse (``experts`` experts, 2 per token), tied
+    embeddings."""
+    return Qwen3MoeConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        moe_intermediate_size=hidden,
+        num_experts=experts,
+        num_experts_per_tok=2,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        num_hidden_layers=2,
+        num_attention_heads=hidden // 32,
+        num_key_value_heads=hidden // 32,
+        head_dim=32,
+        max_position_embeddings=512,
+        bos_token_id=eos_id,
+        eos_token_id=eos_id,
+        pad_token_id=eos_id,
+        tie_word_embeddings=True,
+    )
+
+
 def make_model(
     directory: str | os.PathLike[str],
     *,
@@ -78,31 +111,35 @@ def make_model(
     layers: int = 2,
     tied: bool = False,
     kv_heads: int | None = None,
-) -> LlamaForCausalLM:
-    """Create a tiny Llama with its tokenizer in ``directory`` (created), marked ``.complete``."""
+    moe: bool = False,
+) -> PreTrainedModel:
+    """Create a tiny Llama (``moe``: the tiny Qwen3-MoE) with its tokenizer in ``directory``
+    (created), marked ``.complete``."""
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
     tokenizer = make_tokenizer()
     tokenizer.save_pretrained(path)
-    model = random_model(
-        tiny_config(
+    config = (
+        tiny_moe_config(len(tokenizer), tokenizer.eos_token_id, hidden=hidden)
+        if moe
+        else tiny_config(
             len(tokenizer),
             tokenizer.eos_token_id,
             hidden=hidden,
             layers=layers,
             tied=tied,
             kv_heads=kv_heads,
-        ),
-        seed,
+        )
     )
+    model = random_model(config, seed)
     model.save_pretrained(path)
     (path / ".complete").write_bytes(b"")
     return model
 
 
-def random_model(config: LlamaConfig, seed: int) -> LlamaForCausalLM:
+def random_model(config: PretrainedConfig, seed: int) -> PreTrainedModel:
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
+    model: PreTrainedModel = AutoModelForCausalLM.from_config(config)
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.normal_(0.0, 0.5)
@@ -115,14 +152,14 @@ def make_snapshot(
     *,
     seed: int,
     dtype: torch.dtype = torch.float32,
-) -> LlamaForCausalLM:
+) -> PreTrainedModel:
     """A checkpoint of ``base``'s architecture and tokenizer with other random weights,
     stored in ``dtype``."""
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(base)
     tokenizer.save_pretrained(path)
-    config = LlamaConfig.from_pretrained(base)
+    config = AutoConfig.from_pretrained(base)
     model = random_model(config, seed).to(dtype)
     model.save_pretrained(path)
     (path / ".complete").write_bytes(b"")
@@ -132,7 +169,7 @@ def make_snapshot(
 def greedy(model_dir: str | os.PathLike[str], prompts: list[str], max_new_tokens: int) -> list[str]:
     """What transformers' own ``generate`` answers, greedy, one prompt at a time."""
     tokenizer = PreTrainedTokenizerFast.from_pretrained(model_dir)
-    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     texts = []
     for prompt in prompts:
         ids = tokenizer(prompt, return_tensors="pt")["input_ids"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -27,11 +28,11 @@ class BuggyFleet(Fleet):
         super().__init__([FakeEngine("e")])
         self.failures = failures
 
-    async def pin(self, path: str, version: str, *, retries: int = 0, probe: bool = True) -> None:
+    async def pin_and_verify(self, path: str, version: str, **options: Any) -> None:
         if self.failures > 0:
             self.failures -= 1
             raise RuntimeError(f"bug while pinning {version}")
-        await super().pin(path, version, retries=retries)
+        await super().pin_and_verify(path, version, **options)
 
 
 

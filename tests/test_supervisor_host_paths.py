@@ -4,6 +4,7 @@ that does not wait for evaluations."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import trio
 import trio.testing
@@ -21,7 +22,7 @@ class CrashingFleet(Fleet):
     def __init__(self) -> None:
         super().__init__([FakeEngine("e")])
 
-    async def pin(self, path: str, version: str, *, retries: int = 0, probe: bool = True) -> None:
+    async def pin_and_verify(self, path: str, version: str, **options: Any) -> None:
         raise RuntimeError(f"bug while pinning {version}")
 
 

@@ -16,6 +16,7 @@ from typing import Protocol
 
 from actorsys.contracts import RolloutFnEvalOutput
 from actorsys.fleet import Fleet
+from actorsys.fleet.verdict import PinVerdict
 from actorsys.snapshot import CapturedWeights
 
 ExportFn = Callable[[int, str], Awaitable[None]]
@@ -90,9 +91,12 @@ class Point:
 class FleetLease:
     """A fleet the FleetPinner lent to a point (``None``: no fleet, the eval fn brings its own).
 
-    Whoever holds the point holds the lease, and gives the fleet back to the pinner."""
+    Whoever holds the point holds the lease, and gives the fleet back to the pinner. Once
+    pinned, ``verdict`` is the weight probe's verdict on the pin, which may settle after the
+    evaluation started: the point's scores count only once it is clean."""
 
     fleet: Fleet | None
+    verdict: PinVerdict | None = None
 
 
 class Owner(Protocol):

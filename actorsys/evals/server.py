@@ -12,40 +12,49 @@ or launch one, on a free port of 127.0.0.1 (``{port}`` in the argv is replaced),
     async with EvalSupervisor.open(config, eval_fn=eval_fn) as sup:   # no fleet=
         ...
 
-Construction never waits. The first evaluation waits (up to ``ready_timeout``) until the
-server answers ``/health`` and finds its flavor. Each evaluation then loads the checkpoint and
-polls the served version until it is the step's (connection errors and 5xx while the server
-reloads or restarts are retried until ``pin_timeout``, then the point skips
-``pin_violation``), samples and scores the datasets exactly as :class:`DatasetEval` does,
-and reads the version back: a version that changed meanwhile (someone else reloaded a shared
-server) is ``pin_violation``. vLLM is asked to load only checkpoints that passed our checks
-(a failed vLLM reload kills the server). A launched server that died skips the point
-``unhealthy``. One evaluation runs on the server at a time.
+The server is a :class:`~actorsys.Fleet` of one engine
+(:class:`~actorsys.fleet.external.ExternalServer`), pinned like every fleet. Construction
+never waits. The first evaluation waits (up to ``ready_timeout``) until the server answers
+``/health`` and finds its flavor. Each evaluation then pins it through
+:meth:`Fleet.pin_and_verify <actorsys.Fleet.pin_and_verify>` (health, load, the version read
+back, the weight probe), polling until the server serves the step's version (connection errors
+and 5xx while it reloads or restarts are retried until ``pin_timeout``, then the point skips
+``pin_violation``); samples and scores the datasets exactly as :class:`DatasetEval` does,
+while the probe's verdict is judged; and reads the version back: a version that changed
+meanwhile (someone else reloaded a shared server) is ``pin_violation``, and so is a server
+that answers with weights other than the snapshot's under the right version (the verdict).
+vLLM is asked to load only checkpoints that passed our checks (a failed vLLM reload kills the
+server). A launched server that died skips the point ``unhealthy``. One evaluation runs on the
+server at a time.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-import os
-import tempfile
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Literal, TypeVar
 
 import trio
 
-from actorsys._errors import ConfigError
 from actorsys.config import require_seconds
 from actorsys.contracts import CheckpointEvalFn, EvalSkip, RolloutFnEvalInput, RolloutFnEvalOutput
 from actorsys.evals.datasets import EvalDataset
 from actorsys.evals.sampling import check_datasets, check_limits, evaluate_datasets
-from actorsys.fleet._http import check_url
-from actorsys.fleet._process import ManagedProcess, spawn
-from actorsys.fleet.engine import CheckpointRejectedError, EngineUnhealthyError, Fleet
-from actorsys.fleet.flavor import FLAVORS, Flavor, engine_of_flavor
-from actorsys.fleet.local import free_port
-from actorsys.fleet.sglang import SGLangEngine
-from actorsys.fleet.vllm import RELOAD, TIED_RELOAD, VLLMEngine
-from actorsys.fleet.vllm_worker import EXTENSION_CLASS, WORKER_DIR
+from actorsys.fleet import (
+    CheckpointRejectedError,
+    Engine,
+    EngineUnhealthyError,
+    Fleet,
+    PinError,
+    PinViolationError,
+    SGLangEngine,
+    VLLMEngine,
+)
+from actorsys.fleet.external import ExternalServer, ManagedProcess
+from actorsys.fleet.flavor import Flavor
+from actorsys.fleet.verdict import PinVerdict
+from actorsys.fleet.vllm import RELOAD, TIED_RELOAD
 
 log = logging.getLogger("actorsys.evals")
 
@@ -66,8 +75,10 @@ class ServerEvalFn(CheckpointEvalFn):
     ``flavor``: ``"vllm"``, ``"sglang"`` (also the embedded engine) or ``"auto"`` (probed at
     the first evaluation). ``api_key`` is sent as a bearer token. ``concurrency``,
     ``request_timeout`` and ``retries`` bound the sampling requests as for
-    :class:`DatasetEval`. Bad arguments raise :class:`~actorsys.ConfigError` at construction;
-    nothing is started before the first evaluation.
+    :class:`DatasetEval`. ``probe`` runs the weight probe at every pin (as
+    ``EvalConfig(probe=...)`` does for the pipeline's fleets). Bad arguments raise
+    :class:`~actorsys.ConfigError` at construction; nothing is started before the first
+    evaluation.
 
     ``evaluate_checkpoint`` blocks on the server; the supervisor's ``eval_timeout`` and close
     cancel it. ``dispose()`` (awaited by the supervisor at close) stops a launched server:
@@ -91,52 +102,58 @@ class ServerEvalFn(CheckpointEvalFn):
         pin_timeout: float = 600.0,
         retries: int = 2,
         grace: float = STOP_GRACE,
+        probe: bool = True,
     ) -> None:
         super().__init__()
         self.datasets = check_datasets("ServerEvalFn", datasets)
-        if (url is None) == (launch is None):
-            raise ConfigError("ServerEvalFn(url, launch)", "pass exactly one: url= to attach to "
-                              "a running server, launch= to start one")
-        if url is not None:
-            url = check_url(url, "ServerEvalFn")
-        if launch is not None:
-            if isinstance(launch, str) or not launch or not all(isinstance(a, str) for a in launch):
-                raise ConfigError("ServerEvalFn(launch)", f"expected an argv list of strings, got "
-                                  f"{launch!r}")
-            if not any("{port}" in arg for arg in launch):
-                raise ConfigError("ServerEvalFn(launch)", "the argv must contain '{port}' where "
-                                  "the server's port goes, e.g. '--port', '{port}'")
-        if flavor not in FLAVORS:
-            raise ConfigError("ServerEvalFn(flavor)", f"expected one of {', '.join(FLAVORS)}, "
-                              f"got {flavor!r}")
+        self.server = ExternalServer(
+            url=url,
+            launch=launch,
+            flavor=flavor,
+            make_engine=lambda flavor, url: self.make_engine(flavor, url),
+            ready_timeout=require_seconds("ServerEvalFn(ready_timeout)", ready_timeout),
+            grace=require_seconds("ServerEvalFn(grace)", grace),
+            owner="ServerEvalFn",
+        )
         check_limits("ServerEvalFn", concurrency, retries)
-        self.url = url
-        self.launch = list(launch) if launch is not None else None
         self.flavor: Flavor = flavor
         self.api_key = api_key
-        self.ready_timeout = require_seconds("ServerEvalFn(ready_timeout)", ready_timeout)
+        self.ready_timeout = ready_timeout
         self.request_timeout = require_seconds("ServerEvalFn(request_timeout)", request_timeout)
         self.pin_timeout = require_seconds("ServerEvalFn(pin_timeout)", pin_timeout)
-        self.grace = require_seconds("ServerEvalFn(grace)", grace)
+        self.grace = grace
         self.concurrency = concurrency
         self.retries = retries
-        # A launched vLLM server gets actorsys' worker extension, whose reload also rebuilds a
-        # tied lm_head: vLLM's own reload leaves its CPU kernel built from the old weights.
-        self.tied_reload = (
-            self.launch is not None
-            and flavor != "sglang"
-            and any("vllm" in arg for arg in self.launch)
-            and "--worker-extension-cls" not in self.launch
-        )
-        self.process: ManagedProcess | None = None
-        self.log_path: str | None = None
-        self._engine: ServerClient | None = None
-        self._ready_deadline: float | None = None
+        self.probe = bool(probe)
         self._lock = trio.Lock()
 
     def __repr__(self) -> str:
-        target = self.url if self.launch is None else f"launch={self.launch!r}"
+        target = self.server.url if self.server.launch is None else f"launch={self.server.launch!r}"
         return f"ServerEvalFn({[d.name for d in self.datasets]}, {target})"
+
+    @property
+    def url(self) -> str | None:
+        """The server's base URL (for a launched one: once launched)."""
+        return self.server.url
+
+    @property
+    def launch(self) -> list[str] | None:
+        return self.server.launch
+
+    @property
+    def tied_reload(self) -> bool:
+        """Whether the launched server gets actorsys' worker extension (and is reloaded
+        through it)."""
+        return self.server.tied_reload
+
+    @property
+    def process(self) -> ManagedProcess | None:
+        """The launched server's process while it runs (None when attached or disposed)."""
+        return self.server.process
+
+    @property
+    def log_path(self) -> str | None:
+        return self.server.log_path
 
     def make_engine(self, flavor: Literal["vllm", "sglang"], url: str) -> ServerClient:
         """The client of the server for ``flavor``: :class:`VLLMEngine` or
@@ -153,167 +170,92 @@ class ServerEvalFn(CheckpointEvalFn):
     ) -> RolloutFnEvalOutput:
         version = input.weight_version or str(input.rollout_id)
         async with self._lock:
-            engine = await self._while_alive(self._ready)
-            await self._while_alive(lambda: self._pin(engine, checkpoint_dir, version))
-            fleet = Fleet([engine])
-            fleet.version = version
-            output = await self._while_alive(
-                lambda: evaluate_datasets(
+            fleet = await self._on_server(self.server.fleet)
+            return await self._on_server(lambda: self._evaluate(fleet, checkpoint_dir, version))
+
+    async def dispose(self) -> None:  # type: ignore[override]
+        """Stop the launched server, if any (SIGTERM, then SIGKILL after ``grace``); remove
+        its log. Shielded: returns within about twice ``grace`` even when cancelled."""
+        await self.server.stop()
+
+    async def _evaluate(self, fleet: Fleet, path: str, version: str) -> RolloutFnEvalOutput:
+        """Pin, sample and score while the probe is judged, read the version back; the
+        verdict, once known, overrules what the evaluation found."""
+        verdict: PinVerdict | None = None
+        failure: Exception | None = None
+        async with trio.open_nursery() as nursery:
+            try:
+                verdict = await self._pin(nursery, fleet, path, version)
+                output = await evaluate_datasets(
                     fleet,
                     self.datasets,
                     concurrency=self.concurrency,
                     request_timeout=self.request_timeout,
                     retries=self.retries,
                 )
+                served = await self._version_now(fleet.engines[0])
+            except Exception as exc:
+                failure = exc
+        if verdict is not None:
+            try:
+                await verdict.wait()
+            except PinError as exc:
+                raise EvalSkip(exc.reason, f"{exc} (the evaluation's result is discarded)") from exc
+        if failure is not None:
+            raise failure
+        if served != version:
+            raise EvalSkip(
+                "pin_violation",
+                f"{self.url} served version {served!r} after the evaluation of {version!r}"
+                " (reloaded by someone else meanwhile?)",
             )
-            served = await self._while_alive(lambda: self._version_now(engine))
-            if served != version:
-                raise EvalSkip(
-                    "pin_violation",
-                    f"{engine.url} served version {served!r} after the evaluation of {version!r}"
-                    " (reloaded by someone else meanwhile?)",
-                )
-            return output
+        return output
 
-    async def dispose(self) -> None:  # type: ignore[override]
-        """Stop the launched server, if any (SIGTERM, then SIGKILL after ``grace``); remove
-        its log. Shielded: returns within about twice ``grace`` even when cancelled."""
-        process, self.process = self.process, None
-        self._engine = None
-        self._ready_deadline = None
-        if process is not None:
-            await process.stop(self.grace)
-            log.info("stopped the eval server %s (status %s)", process.name, process.returncode)
-        if self.log_path is not None:
-            with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(_remove, self.log_path)
-            self.log_path = None
-
-    async def _ready(self) -> ServerClient:
-        if self._engine is not None:
-            return self._engine
-        if self._ready_deadline is None:
-            self._ready_deadline = trio.current_time() + self.ready_timeout
-            if self.launch is not None:
-                self._start()
-        assert self.url is not None
-        url = self.url
-        with trio.move_on_at(self._ready_deadline):
-            await _until_ok(lambda: self.make_engine("sglang", url).health())
-            self._engine = await _until_ok(lambda: self._detect(url))
-            return self._engine
-        raise EvalSkip("unhealthy", f"the eval server at {url} was not ready within "
-                                    f"{self.ready_timeout} s{self._log_tail()}")
-
-    def _start(self) -> None:
-        assert self.launch is not None
-        port = free_port()
-        argv = [arg.replace("{port}", str(port)) for arg in self.launch]
-        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
-        if self.tied_reload:
-            argv += ["--worker-extension-cls", EXTENSION_CLASS]
-            env["PYTHONPATH"] = os.pathsep.join(p for p in (WORKER_DIR, env.get("PYTHONPATH")) if p)
-        handle, self.log_path = tempfile.mkstemp(prefix="actorsys-eval-server-", suffix=".log")
-        os.close(handle)
-        # Forked from this (the evaluating trio) thread: the server lives as long as it.
-        self.process = spawn("eval-server", argv, log_path=self.log_path, env=env, grace=self.grace)
-        self.url = f"http://127.0.0.1:{port}"
-        log.info("launched the eval server %s at %s (log %s)", argv[0], self.url, self.log_path)
-
-    async def _detect(self, url: str) -> ServerClient:
-        try:
-            return await engine_of_flavor(self.flavor, lambda flavor: self.make_engine(flavor, url))
-        except EngineUnhealthyError as exc:
-            raise EvalSkip("unhealthy", f"{url} is neither an sglang server nor a vLLM server "
-                           f"with its weight-update endpoints ({exc}); pass flavor=") from exc
-
-    async def _pin(self, engine: ServerClient, path: str, version: str) -> None:
+    async def _pin(
+        self, nursery: trio.Nursery, fleet: Fleet, path: str, version: str
+    ) -> PinVerdict:
+        """Pin ``fleet`` until it serves ``version``, within ``pin_timeout``; its verdict is
+        judged in ``nursery`` by the same deadline."""
+        deadline = trio.current_time() + self.pin_timeout
         problem = "no answer"
         delay = POLL_INITIAL_DELAY
-        with trio.move_on_after(self.pin_timeout):
+        with trio.move_on_at(deadline):
             while True:
                 try:
-                    await engine.load_weights(path, version)
-                    served = await engine.weight_version()
+                    verdict: PinVerdict = await nursery.start(
+                        functools.partial(
+                            fleet.pin_and_verify, path, version, probe=self.probe,
+                            deadline=deadline,
+                        )
+                    )
+                    return verdict
                 except CheckpointRejectedError as exc:
                     raise EvalSkip(exc.reason, str(exc)) from exc
+                except PinViolationError as exc:
+                    problem = f"it serves version {exc.actual!r}"
                 except EngineUnhealthyError as exc:
                     problem = str(exc)
-                else:
-                    if served == version:
-                        return
-                    problem = f"it serves version {served!r}"
-                log.info("%s: not pinned to %s yet (%s); retrying in %.1f s", engine.url,
+                log.info("%s: not pinned to %s yet (%s); retrying in %.1f s", self.url,
                          version, problem, delay)
                 await trio.sleep(delay)
                 delay = min(delay * 2, POLL_MAX_DELAY)
-        raise EvalSkip("pin_violation", f"{engine.url} did not serve version {version!r} within "
+        raise EvalSkip("pin_violation", f"{self.url} did not serve version {version!r} within "
                                         f"{self.pin_timeout} s: {problem}")
 
-    async def _version_now(self, engine: ServerClient) -> str | None:
+    async def _version_now(self, engine: Engine) -> str | None:
         with trio.move_on_after(self.request_timeout):
             try:
                 return await engine.weight_version()
             except EngineUnhealthyError as exc:
-                raise EvalSkip("unhealthy", f"{engine.url} could not report its version after "
+                raise EvalSkip("unhealthy", f"{self.url} could not report its version after "
                                             f"the evaluation: {exc}") from exc
-        raise EvalSkip("unhealthy", f"{engine.url} did not report its version within "
+        raise EvalSkip("unhealthy", f"{self.url} did not report its version within "
                                     f"{self.request_timeout} s after the evaluation")
 
-    async def _while_alive(self, call: Callable[[], Awaitable[T]]) -> T:
-        """``await call()``, cut short by the launched server's death (``unhealthy``)."""
-        process = self.process
-        if process is None:
-            return await call()
-        if process.returncode is not None:
-            raise self._died(process)
-        result: list[T] = []
-        error: list[Exception] = []
-
-        async def run(cancel_scope: trio.CancelScope) -> None:
-            try:
-                result.append(await call())
-            except Exception as exc:
-                error.append(exc)
-            cancel_scope.cancel()
-
-        async def watch(cancel_scope: trio.CancelScope) -> None:
-            await process.wait()
-            cancel_scope.cancel()
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(run, nursery.cancel_scope)
-            nursery.start_soon(watch, nursery.cancel_scope)
-        if error:
-            raise error[0]
-        if not result:
-            raise self._died(process)
-        return result[0]
-
-    def _died(self, process: ManagedProcess) -> EvalSkip:
-        return EvalSkip("unhealthy", f"the launched eval server exited with status "
-                                     f"{process.returncode}{self._log_tail()}")
-
-    def _log_tail(self) -> str:
-        tail = self.process.log_tail(2000) if self.process is not None else ""
-        return f"; its log ends:\n{tail}" if tail else ""
-
-
-async def _until_ok(call: Callable[[], Awaitable[T]]) -> T:
-    """``await call()`` until it does not raise :class:`EngineUnhealthyError` (a server still
-    starting refuses connections); the caller's cancel scope bounds it."""
-    delay = POLL_INITIAL_DELAY
-    while True:
+    async def _on_server(self, call: Callable[[], Awaitable[T]]) -> T:
+        """``await call()`` while the server lives; a server that is not ready, died, or
+        speaks no known flavor skips the point ``unhealthy``."""
         try:
-            return await call()
-        except EngineUnhealthyError as exc:
-            log.debug("eval server not ready: %s", exc)
-        await trio.sleep(delay)
-        delay = min(delay * 2, POLL_MAX_DELAY)
-
-
-def _remove(path: str) -> None:
-    try:
-        os.remove(path)
-    except FileNotFoundError:
-        pass
+            return await self.server.while_alive(call)
+        except PinError as exc:
+            raise EvalSkip(exc.reason, str(exc)) from exc

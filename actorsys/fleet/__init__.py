@@ -4,7 +4,10 @@
   (``python -m actorsys engine``), which speaks the same API subset.
 - :class:`VLLMEngine`: a vLLM OpenAI server with its weight-update endpoints.
 - :class:`~actorsys.fleet.local.LocalFleet`: engines (and sglang-router) started on loopback.
-- :mod:`actorsys.fleet.probe`: the weight probe every pin runs after the version reads back.
+- :mod:`actorsys.fleet.probe`: the weight probe every pin runs after the version reads back,
+  and :mod:`actorsys.fleet.verdict`: its verdict, which may come after the pin returned.
+- :class:`~actorsys.fleet.external.ExternalServer`: a server outside the pipeline's fleets
+  (attached or launched) as a Fleet of one engine.
 - :class:`~actorsys.fleet.ray.RayFleet`: engines as Ray actors (the ``ray`` extra; imported
   only from ``actorsys.fleet.ray``, so this package never needs Ray).
 """
@@ -20,6 +23,7 @@ from actorsys.fleet.engine import (
 )
 from actorsys.fleet.probe import WeightsMismatchError
 from actorsys.fleet.sglang import SGLangEngine
+from actorsys.fleet.verdict import PinVerdict, ProbeCancelledError
 from actorsys.fleet.vllm import VLLMEngine
 
 __all__ = [
@@ -30,7 +34,9 @@ __all__ = [
     "EngineUnhealthyError",
     "Fleet",
     "PinError",
+    "PinVerdict",
     "PinViolationError",
+    "ProbeCancelledError",
     "SGLangEngine",
     "StaleWeightsError",
     "VLLMEngine",

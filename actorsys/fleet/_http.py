@@ -20,6 +20,7 @@ from actorsys._errors import ConfigError
 from actorsys.config import require_seconds
 from actorsys.fleet._tls import ssl_context
 from actorsys.fleet.engine import EngineUnhealthyError
+from actorsys.fleet.probe import ProbeUnsupportedError
 
 log = logging.getLogger("actorsys.fleet")
 
@@ -107,8 +108,6 @@ class HttpEngine:
         token id lists out of the answer. Raises
         :class:`~actorsys.fleet.probe.ProbeUnsupportedError` if the server has no such
         endpoint or answers no token ids, :class:`EngineUnhealthyError` for an error status."""
-        from actorsys.fleet.probe import ProbeUnsupportedError  # it builds on engine's errors
-
         response = await self._until_answered("POST", path, json=body)
         if response.status_code == 404:
             raise ProbeUnsupportedError(f"it has no POST {path}")

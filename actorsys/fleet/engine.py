@@ -9,18 +9,35 @@ weights, by the probe.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import httpx
 import trio
 
-from actorsys._errors import ActorsysError, ConfigError, ConfigTypeError
+from actorsys._errors import ConfigError, ConfigTypeError
 from actorsys.fleet._tls import ssl_context
 from actorsys.fleet.completions import Completion, complete
+from actorsys.fleet.errors import (
+    CheckpointRejectedError,
+    EngineUnhealthyError,
+    PinError,
+    PinViolationError,
+    on_all,
+)
+from actorsys.fleet.probe import Reference, WeightProbe, judge
+from actorsys.fleet.verdict import PinVerdict, ProbeCancelledError
 
-if TYPE_CHECKING:
-    from actorsys.fleet.probe import Reference
+__all__ = [
+    "CheckpointRejectedError",
+    "Engine",
+    "EngineUnhealthyError",
+    "Fleet",
+    "PinError",
+    "PinViolationError",
+    "on_all",
+]
 
 T = TypeVar("T")
 
@@ -48,45 +65,6 @@ class Engine(Protocol):
 
     async def weight_version(self) -> str | None:
         """The version label of the weights the engine serves now."""
-
-
-class PinError(ActorsysError):
-    """A pin failed. ``reason`` is the skip reason; ``engine`` the engine that failed it."""
-
-    reason = "unhealthy"
-
-    def __init__(self, engine: str, message: str) -> None:
-        super().__init__(f"engine {engine!r}: {message}")
-        self.engine = engine
-
-
-class EngineUnhealthyError(PinError):
-    """An engine failed its health check, refused the load, or could not report its version."""
-
-    reason = "unhealthy"
-
-
-class PinViolationError(PinError):
-    """An engine kept reporting a version other than the one it was asked to load."""
-
-    reason = "pin_violation"
-
-    def __init__(self, engine: str, expected: str, actual: str | None) -> None:
-        super().__init__(engine, f"serves version {actual!r} after loading {expected!r}")
-        self.expected = expected
-        self.actual = actual
-
-
-class CheckpointRejectedError(PinError):
-    """An engine refused the checkpoint (or it was found unloadable before any engine was
-    asked): missing, incomplete, corrupt, or not the served architecture. The engines keep
-    serving the weights they had."""
-
-    reason = "ckpt_invalid"
-
-    def __init__(self, engine: str, path: str, message: str) -> None:
-        super().__init__(engine, f"rejected checkpoint {path}: {message}")
-        self.path = path
 
 
 class Fleet:
@@ -117,8 +95,6 @@ class Fleet:
         self.engines = engines
         self.router_url = router_url.rstrip("/") if router_url else None
         self.version: str | None = None
-        from actorsys.fleet.probe import WeightProbe  # it builds on the errors above
-
         self._probe = WeightProbe()
 
     def __repr__(self) -> str:
@@ -185,41 +161,115 @@ class Fleet:
     async def pin(
         self, path: str, version: str, *, retries: int = 0, probe: bool = True
     ) -> None:
-        """Pin every engine to the checkpoint at ``path``, labelled ``version``.
+        """Pin every engine to the checkpoint at ``path``, labelled ``version``, and wait for
+        the probe's verdict: :meth:`pin_and_verify`, returning only once the answers are
+        judged. Raises what it raises, or its verdict's error (then ``version`` is None).
+        Blocks on the engines and the reference; the caller's cancel scope bounds it
+        (``pin_timeout``), and cancelling abandons the reference thread."""
+        failure: PinError | None = None
+        try:
+            async with trio.open_nursery() as nursery:
+                try:
+                    verdict: PinVerdict = await nursery.start(
+                        self._pin_and_verify, path, version, retries, probe
+                    )
+                except PinError as exc:
+                    failure = exc
+            if failure is not None:
+                raise failure
+            await verdict.wait()
+        except BaseException:
+            self.version = None
+            raise
+
+    async def pin_and_verify(
+        self,
+        path: str,
+        version: str,
+        *,
+        retries: int = 0,
+        probe: bool = True,
+        deadline: float = math.inf,
+        task_status: trio.TaskStatus[PinVerdict] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Pin every engine to ``path`` labelled ``version``; start it with
+        ``verdict = await nursery.start(fleet.pin_and_verify, path, version)``.
 
         Health-checks all engines, loads on all concurrently, then reads the version back from
         every engine; a mismatch is re-loaded up to ``retries`` times. With ``probe``, every
-        engine then answers the weight probe (:mod:`actorsys.fleet.probe`), whose reference
-        is computed from ``path`` in a worker thread while the engines load. Raises
-        :class:`EngineUnhealthyError`, :class:`PinViolationError` (a version that never reads
-        back) or its subclass :class:`~actorsys.fleet.probe.WeightsMismatchError` (the right
-        version, other weights). Blocks on the engines and the reference; the caller's cancel
-        scope bounds it (``pin_timeout``), and cancelling abandons the reference thread.
+        engine then answers the weight probe (:mod:`actorsys.fleet.probe`). Then the fleet is
+        pinned (``version`` set) and the start returns a :class:`PinVerdict`: an evaluation
+        may run on the fleet from here. The snapshot's reference, computed from ``path`` in a
+        worker thread since the loads began, is judged against the answers in ``nursery``
+        once it is ready, which settles the verdict: clean, or
+        :class:`~actorsys.fleet.probe.WeightsMismatchError` (the right version, other
+        weights). Before the start returns it raises :class:`EngineUnhealthyError`,
+        :class:`PinViolationError` (a version that never reads back) or
+        :class:`CheckpointRejectedError`. Blocks on the engines; the caller's cancel scope
+        bounds the pin until the start returns; the judging, which outlives it, is bounded by
+        the nursery's scope and by ``deadline`` (trio time; pass the pin's own deadline).
+        Cut off, the verdict is :class:`~actorsys.fleet.verdict.ProbeCancelledError`; either
+        cancellation abandons the reference thread. Never raises after the start returned.
         """
+        await self._pin_and_verify(path, version, retries, probe, deadline, task_status)
+
+    async def _pin_and_verify(
+        self,
+        path: str,
+        version: str,
+        retries: int,
+        probe: bool,
+        deadline: float = math.inf,
+        task_status: trio.TaskStatus[PinVerdict] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
         self.version = None
+        verdict = PinVerdict(version)
         probed = self._probe.probed(self.engines) if probe else []
+        prompts = await self._probe.prompts(path) if probed else None
         reference: Reference | None = None
+        answers: list[list[list[int]] | None] | None = None
         failure: PinError | None = None
+        started = False
 
-        async def compute() -> None:
+        async def compute(prompts: list[list[int]]) -> None:
             nonlocal reference
-            reference = await self._probe.reference(path)
+            reference = await self._probe.reference(path, prompts)
 
-        async with trio.open_nursery() as nursery:
-            if probed:
-                nursery.start_soon(compute)
-            try:
-                await self._load_and_read_back(path, version, retries)
-            except PinError as exc:
-                failure = exc
-                nursery.cancel_scope.cancel()
+        try:
+            async with trio.open_nursery() as nursery:
+                if prompts is not None:
+                    nursery.start_soon(compute, prompts)
+                try:
+                    await self._load_and_read_back(path, version, retries)
+                    if prompts is not None:
+                        answers = await self._probe.ask(probed, prompts)
+                    if self.router_url is not None:
+                        await self._probe_router()
+                except PinError as exc:
+                    failure = exc
+                    nursery.cancel_scope.cancel()
+                else:
+                    self.version = version
+                    started = True
+                    task_status.started(verdict)
+                    nursery.cancel_scope.deadline = deadline
+        except BaseException:
+            if started:
+                verdict.settle(self._cut_off(version))
+            raise
         if failure is not None:
             raise failure
-        if reference is not None:
-            await self._probe.check(probed, reference, version)
-        if self.router_url is not None:
-            await self._probe_router()
-        self.version = version
+        if nursery.cancel_scope.cancelled_caught:
+            verdict.settle(self._cut_off(version))
+        if reference is not None and answers is not None:
+            verdict.settle(judge(probed, answers, reference, version))
+        verdict.settle(None)
+
+    def _cut_off(self, version: str) -> ProbeCancelledError:
+        return ProbeCancelledError(
+            repr(self), f"the probe of version {version!r} was cut off before the snapshot's "
+            "reference was ready (the pin deadline, or the pin's owner stopped)"
+        )
 
     async def _load_and_read_back(self, path: str, version: str, retries: int) -> None:
         await self._on_all(lambda engine: engine.health(), "failed its health check")
@@ -249,36 +299,3 @@ class Fleet:
         except httpx.HTTPError as exc:
             message = f"{self.router_url} is not serving: {exc!r}"
             raise EngineUnhealthyError("router", message) from exc
-
-
-class _Named(Protocol):
-    name: str
-
-
-E = TypeVar("E", bound=_Named)
-
-
-async def on_all(engines: Sequence[E], call: Callable[[E], Awaitable[T]], failure: str) -> list[T]:
-    """``call`` on every engine concurrently; the results in engine order.
-
-    If any call raised, raises the first error: a :class:`PinError` as it is, anything else
-    as :class:`EngineUnhealthyError` naming the engine and ``failure``.
-    """
-    results: dict[int, T] = {}
-    errors: list[tuple[E, Exception]] = []
-
-    async def one(index: int, engine: E) -> None:
-        try:
-            results[index] = await call(engine)
-        except Exception as exc:
-            errors.append((engine, exc))
-
-    async with trio.open_nursery() as nursery:
-        for index, engine in enumerate(engines):
-            nursery.start_soon(one, index, engine)
-    if errors:
-        engine, exc = errors[0]
-        if isinstance(exc, PinError):
-            raise exc
-        raise EngineUnhealthyError(engine.name, f"{failure}: {exc!r}") from exc
-    return [results[index] for index in range(len(engines))]

@@ -39,7 +39,7 @@ from actorsys.fleet._tls import ssl_context
 from actorsys.fleet.engine import Engine, Fleet
 from actorsys.fleet.sglang import SGLangEngine
 from actorsys.fleet.vllm import RELOAD, TIED_RELOAD, VLLMEngine
-from actorsys.fleet.vllm_worker import EXTENSION_CLASS, WORKER_DIR
+from actorsys.fleet.vllm_launch import VLLMLaunch, vllm_command, vllm_launch
 from actorsys.runtime import RestartIntensity
 
 log = logging.getLogger("actorsys.fleet")
@@ -97,24 +97,23 @@ def vllm(
     a tied model served wrong).
     """
     model_dir = os.path.abspath(model_dir)
-    python_path = os.pathsep.join(p for p in (WORKER_DIR, os.environ.get("PYTHONPATH")) if p)
-    extension = ["--worker-extension-cls", EXTENSION_CLASS] if tied_reload else []
+    python = os.path.abspath(python)
+
+    def launch(port: int) -> VLLMLaunch:
+        command = vllm_command(python, model_dir, port, max_model_len=max_model_len,
+                               kv_cache_bytes=kv_cache_bytes, extra_args=extra_args)
+        return vllm_launch(command, tied_reload=tied_reload)
+
     return EngineSpec(
         kind="vllm",
-        command=lambda port: [
-            os.path.abspath(python), "-m", "vllm.entrypoints.openai.api_server",
-            "--model", model_dir, "--host", "127.0.0.1", "--port", str(port),
-            "--dtype", "float32", "--max-model-len", str(max_model_len), "--enforce-eager",
-            "--kv-cache-memory-bytes", str(kv_cache_bytes),
-            *extension, *extra_args,
-        ],
+        command=lambda port: launch(port).argv,
         client=lambda url, name: VLLMEngine(
             url,
             name=name,
             served_model_dir=model_dir,
             reload_method=TIED_RELOAD if tied_reload else RELOAD,
         ),
-        env={"VLLM_SERVER_DEV_MODE": "1", **({"PYTHONPATH": python_path} if tied_reload else {})},
+        env=launch(0).env,
     )
 
 

@@ -18,7 +18,10 @@ best, at almost every position.
 The reference costs no second copy of the weights: transformers maps the snapshot's
 safetensors files and computes on the mapped pages (measured: anonymous memory unchanged
 loading a 237 MB fp32 checkpoint; the pages are the page cache's). It runs in a worker thread,
-one per fleet at a time, started with the engines' loads so that it overlaps them.
+one per fleet at a time, started with the engines' loads so that it overlaps them, and it is
+off the pin's critical path: the probe's prompts need only the snapshot's ``config.json``, so
+the engines answer them as soon as they read the version back, and the answers are judged
+against the reference when it is ready (see :meth:`actorsys.Fleet.pin_and_verify`).
 
 An engine that cannot answer a probe (no ``greedy_tokens``, as an in-process ``Engine`` that
 implements just the protocol; or a server without the endpoint), or a snapshot without a
@@ -27,6 +30,7 @@ implements just the protocol; or a server without the endpoint), or a snapshot w
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -37,9 +41,9 @@ from typing import Any, Protocol, runtime_checkable
 import trio
 
 from actorsys._errors import ActorsysError
-from actorsys.fleet.engine import (
-    Engine,
+from actorsys.fleet.errors import (
     EngineUnhealthyError,
+    Named,
     PinError,
     PinViolationError,
     on_all,
@@ -152,11 +156,31 @@ def probe_prompts(vocab_size: int) -> list[list[int]]:
     return [[rng.randrange(low, high) for _ in range(PROMPT_TOKENS)] for _ in range(PROBE_PROMPTS)]
 
 
-def compute_reference(path: str) -> Reference:
-    """What the snapshot at ``path`` answers to the probe. Raises
-    :class:`ReferenceUnavailableError` where there is no ``config.json`` or transformers
-    cannot build the model. Blocking: maps the weights and runs ``PROBE_TOKENS`` forward
-    passes of a ``PROBE_PROMPTS`` batch in the snapshot's own dtype."""
+def read_probe_prompts(path: str) -> list[list[int]]:
+    """The probe prompts for the snapshot at ``path``, from the vocabulary size in its
+    ``config.json`` (or its ``text_config``). Raises :class:`ReferenceUnavailableError`
+    where there is no readable config or no vocabulary size. Blocking: reads one small file."""
+    config_path = os.path.join(path, "config.json")
+    if not os.path.isfile(config_path):
+        raise ReferenceUnavailableError(f"the snapshot {path} has no config.json")
+    try:
+        with open(config_path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise ReferenceUnavailableError(f"the config of the snapshot {path} is unreadable: {exc}") from exc
+    for section in (config, config.get("text_config")) if isinstance(config, dict) else ():
+        vocab = section.get("vocab_size") if isinstance(section, dict) else None
+        if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 0:
+            return probe_prompts(vocab)
+    raise ReferenceUnavailableError(f"the config of the snapshot {path} names no vocab_size")
+
+
+def compute_reference(path: str, prompts: list[list[int]] | None = None) -> Reference:
+    """What the snapshot at ``path`` answers to the probe (``prompts``, default: those of its
+    vocabulary). Raises :class:`ReferenceUnavailableError` where there is no ``config.json``
+    or transformers cannot build the model. Blocking: maps the weights and runs
+    ``PROBE_TOKENS`` forward passes of a ``PROBE_PROMPTS`` batch in the snapshot's own
+    dtype."""
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise ReferenceUnavailableError(f"the snapshot {path} has no config.json")
     import torch
@@ -173,7 +197,8 @@ def compute_reference(path: str) -> Reference:
         if bars:
             hf_logging.enable_progress_bar()
     model.eval()
-    prompts = probe_prompts(int(model.config.vocab_size))
+    if prompts is None:
+        prompts = probe_prompts(int(model.config.vocab_size))
     ids = torch.tensor(prompts, dtype=torch.long)
     steps = []
     with torch.inference_mode():
@@ -212,11 +237,17 @@ def first_disagreement(
 
 class WeightProbe:
     """The probe state of one fleet: the limiter of its reference thread and the reasons
-    already logged for checking only the version."""
+    already logged for checking only the version.
+
+    A pin uses it in three steps: :meth:`prompts` (before the loads), :meth:`reference` (in
+    a task of its own, while the engines load and answer) and :meth:`ask` (once they read
+    the version back), then :func:`judge` the answers against the reference.
+    """
 
     def __init__(self) -> None:
         self.limiter = trio.CapacityLimiter(1)
         self.tracker = ThreadTracker()
+        self._files = trio.CapacityLimiter(1)
         self._logged: set[str] = set()
 
     def note_once(self, reason: str) -> None:
@@ -224,7 +255,7 @@ class WeightProbe:
             self._logged.add(reason)
             log.warning("weight probe off: %s; pins check the version only", reason)
 
-    def probed(self, engines: Sequence[Engine]) -> list[ProbedEngine]:
+    def probed(self, engines: Sequence[Named]) -> list[ProbedEngine]:
         """The engines that can be probed; logs once for each that cannot."""
         probed: list[ProbedEngine] = []
         for engine in engines:
@@ -234,13 +265,28 @@ class WeightProbe:
                 self.note_once(f"engine {engine.name!r} has no completion endpoint")
         return probed
 
-    async def reference(self, path: str) -> Reference | None:
+    async def prompts(self, path: str) -> list[list[int]] | None:
+        """The probe prompts of the snapshot at ``path`` (its ``config.json``, read in a worker
+        thread); None, logged once, where it has none."""
+        try:
+            return await run_blocking(
+                lambda: read_probe_prompts(path),
+                abandon_on_cancel=True,
+                limiter=self._files,
+                description=f"weight probe prompts of {path}",
+                tracker=self.tracker,
+            )
+        except ReferenceUnavailableError as exc:
+            self.note_once(str(exc))
+            return None
+
+    async def reference(self, path: str, prompts: list[list[int]] | None = None) -> Reference | None:
         """The snapshot's answer, computed in a worker thread (abandoned on cancel: it only
         reads). None, logged once, where the snapshot cannot give one or computing it
         failed (a fault of the probe never fails a pin by itself)."""
         try:
             return await run_blocking(
-                lambda: compute_reference(path),
+                lambda: compute_reference(path, prompts),
                 abandon_on_cancel=True,
                 limiter=self.limiter,
                 description=f"weight probe reference of {path}",
@@ -253,36 +299,51 @@ class WeightProbe:
             self.note_once(f"computing the snapshot's answer failed: {exc!r}")
         return None
 
-    async def check(
-        self, engines: Sequence[ProbedEngine], reference: Reference, version: str
-    ) -> None:
-        """Ask every engine the probe concurrently; raise :class:`WeightsMismatchError` for
-        the first that disagrees, :class:`EngineUnhealthyError` for one that cannot answer."""
-        async def ask(engine: ProbedEngine) -> list[list[int]] | None:
+    async def ask(
+        self, engines: Sequence[ProbedEngine], prompts: list[list[int]]
+    ) -> list[list[list[int]] | None]:
+        """Every engine's greedy answer to ``prompts``, asked concurrently (None for one
+        that cannot answer a token probe, logged once). Raises :class:`EngineUnhealthyError`
+        for an engine whose request fails or that answers the wrong number of prompts."""
+
+        async def one(engine: ProbedEngine) -> list[list[int]] | None:
             try:
-                return await engine.greedy_tokens(reference.prompts, PROBE_TOKENS)
+                answer = await engine.greedy_tokens(prompts, PROBE_TOKENS)
             except ProbeUnsupportedError as exc:
                 self.note_once(f"engine {engine.name!r} cannot answer a token probe ({exc})")
                 return None
-
-        answers = await on_all(engines, ask, "could not answer the probe")
-        for engine, answer in zip(engines, answers, strict=True):
-            if answer is None:
-                continue
-            if len(answer) != len(reference.prompts):
+            if len(answer) != len(prompts):
                 raise EngineUnhealthyError(
-                    engine.name, f"answered {len(answer)} of {len(reference.prompts)} probes"
+                    engine.name, f"answered {len(answer)} of {len(prompts)} probes"
                 )
-            found = first_disagreement(reference, answer)
-            if found is not None:
-                prompt, position, gap, margin = found
-                raise WeightsMismatchError(
-                    engine.name,
-                    version,
-                    answer=answer,
-                    reference=reference.tokens,
-                    prompt=prompt,
-                    position=position,
-                    gap=gap,
-                    margin=margin,
-                )
+            return answer
+
+        return await on_all(engines, one, "could not answer the probe")
+
+
+def judge(
+    engines: Sequence[Named],
+    answers: Sequence[list[list[int]] | None],
+    reference: Reference,
+    version: str,
+) -> WeightsMismatchError | None:
+    """The error of the first engine whose answer the snapshot clearly disagrees with; None
+    if every answer (None: an engine not probed) agrees. Pure: runs on the caller's thread
+    (a few hundred comparisons)."""
+    for engine, answer in zip(engines, answers, strict=True):
+        if answer is None:
+            continue
+        found = first_disagreement(reference, answer)
+        if found is not None:
+            prompt, position, gap, margin = found
+            return WeightsMismatchError(
+                engine.name,
+                version,
+                answer=answer,
+                reference=reference.tokens,
+                prompt=prompt,
+                position=position,
+                gap=gap,
+                margin=margin,
+            )
+    return None

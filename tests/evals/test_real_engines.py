@@ -134,6 +134,27 @@ async def test_attached_server_eval_pins_scores_survives_a_restart_mid_pin_and_n
 
 
 @pytest.mark.timeout(240)
+async def test_attached_server_that_labels_the_new_version_over_its_old_weights_is_a_pin_violation(
+    tiny: TinyModels, answers: Answers
+) -> None:
+    liar = embedded(str(tiny.base), extra_args=("--test-keep-old-weights",
+                                                "--test-label-kept-weights"))
+    async with LocalFleet.open([liar]) as local:
+        evaluation = ServerEvalFn(answers.dataset(), url=local.urls[0], request_timeout=30.0,
+                                  pin_timeout=60.0)
+        with pytest.raises(EvalSkip) as caught:
+            await evaluation.evaluate_checkpoint(str(tiny.step1), point(1, tiny.step1))
+        assert caught.value.reason == "pin_violation", caught.value
+        assert "reads back version '1' but does not serve its weights" in str(caught.value)
+        assert await local.fleet.engines[0].weight_version() == "1"
+        unprobed = ServerEvalFn(answers.dataset(), url=local.urls[0], request_timeout=30.0,
+                                probe=False)
+        output = await unprobed.evaluate_checkpoint(str(tiny.step2), point(2, tiny.step2))
+        assert output.metrics is not None
+        assert output.metrics["eval/answers"] == answers.expected["base"]
+
+
+@pytest.mark.timeout(240)
 async def test_a_reload_by_someone_else_during_the_evaluation_is_a_pin_violation(
     tiny: TinyModels, answers: Answers
 ) -> None:
@@ -192,7 +213,7 @@ async def test_launched_server_is_stopped_by_dispose_also_when_cancelled(
     tiny: TinyModels, answers: Answers
 ) -> None:
     evaluation = ServerEvalFn(answers.dataset(), launch=engine_argv(tiny.base), grace=2.0)
-    with LogEvent("launched the eval server") as launched, trio.CancelScope() as scope:
+    with LogEvent("launched the server") as launched, trio.CancelScope() as scope:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(evaluation.evaluate_checkpoint, str(tiny.step1),
                                point(1, tiny.step1))

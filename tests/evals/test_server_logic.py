@@ -20,9 +20,12 @@ DATA = EvalDataset(name="d", records=({"prompt": "p", "label": "x"},))
 
 
 class Scripted(ServerEvalFn):
-    """A ServerEvalFn whose clients talk to ``recorder`` instead of the network."""
+    """A ServerEvalFn whose clients talk to ``recorder`` instead of the network. The weight
+    probe is off: these servers script no snapshot to compare with (the probe has tests of
+    its own, and through ServerEvalFn against a real engine)."""
 
     def __init__(self, handler: Handler, **kwargs: object) -> None:
+        kwargs.setdefault("probe", False)
         super().__init__(DATA, url="http://server:1", **kwargs)  # type: ignore[arg-type]
         self.recorder = Recorder(handler)
 
@@ -138,7 +141,7 @@ async def test_auto_flavor_finds_a_vllm_server_by_its_weight_info() -> None:
         return httpx.Response(404)
 
     evaluation = Scripted(vllm)
-    engine = await evaluation._detect("http://server:1")
+    engine = await evaluation.server.detect()
     assert isinstance(engine, VLLMEngine)
 
 

@@ -54,6 +54,18 @@ def tied(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
     return TinyModels(root / "base", root / "step1", root / "step2", root / "other")
 
 
+@pytest.fixture(scope="session")
+def moe(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
+    """Like ``tiny``, a tiny Qwen3-MoE (4 experts, tied embeddings): the checkpoints hold
+    per-expert tensors, which transformers fuses into one tensor per layer at load."""
+    root = tmp_path_factory.mktemp("moe")
+    make_model(root / "base", seed=20, moe=True)
+    make_snapshot(root / "base", root / "step1", seed=21)
+    make_snapshot(root / "base", root / "step2", seed=22)
+    make_model(root / "other", seed=23, hidden=96, moe=True)
+    return TinyModels(root / "base", root / "step1", root / "step2", root / "other")
+
+
 def corrupt_copy(source: Path, target: Path) -> Path:
     """A copy of ``source`` whose safetensors header is garbage (the data is intact)."""
     shutil.copytree(source, target)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from transformers import LlamaConfig
+from transformers import AutoConfig
 
 from actorsys import (
     CheckpointEvalFn,
@@ -73,7 +73,7 @@ async def evaluate(
     """Submit ``step`` (new random weights of the base architecture unless a source is
     given), wait for it to settle, and return its outcome."""
     if not source:
-        config = LlamaConfig.from_pretrained(tiny.base)
+        config = AutoConfig.from_pretrained(tiny.base)
         source = {"model": random_model(config, seed=100 + step)}
     await sup.submit(step, **source)
     report = await sup.drain(timeout=180)

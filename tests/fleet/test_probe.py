@@ -242,7 +242,7 @@ async def test_pin_deadline_abandons_a_reference_still_computing(
 ) -> None:
     entered, release = threading.Event(), threading.Event()
 
-    def stuck(path: str) -> Reference:
+    def stuck(path: str, prompts: object = None) -> Reference:
         entered.set()
         release.wait()
         raise AssertionError("abandoned: nobody reads this")

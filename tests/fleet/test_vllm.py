@@ -1,7 +1,7 @@
 """The vLLM tier: a real vLLM server on the CPU, from its own venv (scripts/setup_vllm.sh),
-pinned through EvalSupervisor with VLLMEngine, for untied and tied embeddings, both ways
-(A to B and back). Skipped when .venv-vllm is missing. One server per test (~30-40 s to
-start, ~2 GB)."""
+pinned through EvalSupervisor with VLLMEngine, for untied and tied embeddings and a tiny
+mixture-of-experts model, both ways (A to B and back). Skipped when .venv-vllm is missing. One
+server per test (~30-40 s to start, ~2 GB)."""
 
 from __future__ import annotations
 
@@ -81,3 +81,17 @@ async def test_tied_model_on_a_user_launched_vllm_is_a_pin_violation_unless_serv
         with pytest.raises(WeightsMismatchError) as caught:
             await local.fleet.pin(str(tied.step2), "4")
         assert caught.value.answer != caught.value.reference
+
+
+@pytest.mark.timeout(600)
+async def test_moe_model_on_a_launched_vllm_pins_exactly_both_ways_and_as_a_module(
+    moe: TinyModels, tmp_path: Path
+) -> None:
+    spec = vllm(str(moe.base), python=str(VLLM_PYTHON))
+    async with LocalFleet.open([spec], startup_timeout=400) as local:
+        async with pipeline(moe, tmp_path, local.fleet) as (sup, sink):
+            for step, snapshot in ((1, moe.step1), (2, moe.step2), (3, moe.step1)):
+                outcome = await evaluate(sup, sink, moe, step, checkpoint_dir=snapshot)
+                assert_pinned(outcome, engines=1, answers_carry_version=False)
+            assert_pinned(await evaluate(sup, sink, moe, 4), engines=1, answers_carry_version=False)
+    assert sink.by_step()[1].data["texts"] != sink.by_step()[2].data["texts"]

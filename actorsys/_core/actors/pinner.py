@@ -5,10 +5,19 @@ pinner lends it when it takes the next point, and gets it back over the fleet po
 (the supervisor owns it; whoever holds the point when it is done with it sends the fleet back,
 :func:`give_back`): the EvalRunner after the evaluation, or the pinner itself when the pin
 fails or the point is dropped. So a fleet is never pinned while an evaluation runs on it.
+
+A pin is done, and the point goes on to be evaluated, once every engine reads the version
+back and has answered the weight probe. The probe's verdict (the answers judged against the
+snapshot's own, computed in a worker thread) is the pinner's to deliver: it runs in the
+pinner's nursery of verdicts, within the point's pin deadline, and reaches the point's holder
+through the lease (``FleetLease.verdict``). So nothing the reference costs delays the
+evaluation, and the point still settles only after the verdict.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Sequence
 
 import trio
@@ -19,6 +28,7 @@ from actorsys._core.flight import Flight
 from actorsys._core.point import FleetLease, Point, State, Ticket
 from actorsys.config import EvalConfig
 from actorsys.fleet import Fleet, PinError
+from actorsys.fleet.verdict import PinVerdict
 from actorsys.outcome import PIN_TIME_SECONDS
 
 NAME = "pinner"
@@ -42,6 +52,23 @@ class FleetPinner(SequentialStage):
         self.config = config
         self._idle = idle
         self._returns = returns
+        self._verdicts: trio.Nursery | None = None
+
+    async def run(
+        self, inbox: trio.MemoryReceiveChannel[Point], onward: trio.MemorySendChannel[Point]
+    ) -> None:
+        """The stage's loop, beside the nursery where the verdicts of its pins settle: a
+        normal end waits for them (each within its pin deadline), a crash cancels them."""
+        crash: Exception | None = None
+        async with trio.open_nursery() as verdicts:
+            self._verdicts = verdicts
+            try:
+                await super().run(inbox, onward)
+            except Exception as exc:
+                crash = exc
+                verdicts.cancel_scope.cancel()
+        if crash is not None:
+            raise crash
 
     async def lease(self, point: Point, ticket: Ticket) -> Point:
         fleet = await self._idle.receive()
@@ -60,18 +87,27 @@ class FleetPinner(SequentialStage):
         fleet, version, config = point.lease.fleet, str(point.step), self.config
         if fleet is None:
             return Done(point.but(weight_version=version))
-        assert point.snapshot is not None
-        with trio.move_on_after(config.pin_timeout) as deadline:
+        assert point.snapshot is not None and self._verdicts is not None
+        deadline = trio.current_time() + config.pin_timeout
+        with trio.move_on_at(deadline) as scope:
             try:
-                await fleet.pin(
-                    point.snapshot, version, retries=config.pin_retries, probe=config.probe
+                verdict: PinVerdict = await self._verdicts.start(
+                    functools.partial(
+                        fleet.pin_and_verify,
+                        point.snapshot,
+                        version,
+                        retries=config.pin_retries,
+                        probe=config.probe,
+                        deadline=deadline,
+                    )
                 )
             except PinError as exc:
                 return Skip(exc.reason, str(exc), point)
-        if deadline.cancelled_caught:
+        if scope.cancelled_caught:
             message = f"pin of {fleet!r} took longer than {config.pin_timeout} s"
             return Skip("pin_timeout", message, point)
-        return Done(point.but(weight_version=version))
+        lease = dataclasses.replace(point.lease, verdict=verdict)
+        return Done(point.but(weight_version=version, lease=lease))
 
 
 def fleet_pool(

@@ -1,8 +1,10 @@
 """EvalRunner: runs the eval fn on each pinned point at once, one task per point.
 
 Concurrency is bounded by the fleets: a point arrives here only with a fleet the pinner lent
-it. The runner sends the fleet back over the fleet pool's channel when the evaluation is over,
-then hands the point to the Retirer.
+it. The evaluation starts as soon as the point arrives; its result stands only once the pin's
+verdict (``FleetLease.verdict``, settled by the pinner within the pin deadline) is clean: a
+mismatch discards the scores as ``pin_violation``. The runner then sends the fleet back over the
+fleet pool's channel and hands the point to the Retirer.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from actorsys._core.flight import Flight
 from actorsys._core.point import Point, State, Ticket
 from actorsys.config import EvalConfig
 from actorsys.contracts import EvalSkip, RolloutFnEvalInput, RolloutFnEvalOutput
-from actorsys.fleet import Fleet
+from actorsys.fleet import Fleet, PinError
 from actorsys.outcome import DURATION_SECONDS
 from actorsys.runtime import (
     AsyncioThread,
@@ -91,10 +93,16 @@ class EvalRunner(Stage):
 
     async def work(self, point: Point) -> Result:
         timeout = self.config.eval_timeout
-        with within(timeout) as deadline:
-            return await self._run_eval(point)
-        assert deadline.cancelled_caught
-        return Skip("timeout", f"eval took longer than {timeout} s")
+        result: Result = Skip("timeout", f"eval took longer than {timeout} s")
+        with within(timeout):
+            result = await self._run_eval(point)
+        verdict = point.lease.verdict if point.lease is not None else None
+        if verdict is not None:
+            try:
+                await verdict.wait()
+            except PinError as exc:
+                return Skip(exc.reason, f"{exc} (the evaluation's result is discarded)")
+        return result
 
     async def _run_eval(self, point: Point) -> Result:
         assert point.snapshot is not None and point.lease is not None

@@ -73,12 +73,12 @@ class ModelHost:
     ) -> None:
         self.model_dir = os.path.abspath(model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
-        self.model.eval()
+        self.model = _load_model(self.model_dir)
         self.config = read_config(self.model_dir)
         self.tensors = read_tensor_infos(self.model_dir)
         self.keep_old_weights = keep_old_weights
         self.label_kept_weights = label_kept_weights
+        self._model_keys = frozenset(self.model.state_dict())
         self.version = INITIAL_VERSION
         self.model_path = self.model_dir
         self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 2048))
@@ -96,6 +96,13 @@ class ModelHost:
         Raises :class:`CheckpointMismatchError` if ``path`` is missing, incomplete where
         required, corrupt, or of another architecture; the served weights are then unchanged,
         because every tensor is read and checked before any is copied in.
+
+        The checkpoint's tensors are copied into the served model by name where every one of
+        them names a tensor of the model. Where some do not, transformers converted them at
+        load (mixture-of-experts models: the per-expert tensors of the checkpoint are fused
+        into one tensor per layer), and a copy by name would miss them: the model is then
+        loaded afresh from ``path`` by transformers, through the same conversions, and
+        replaces the served one (for a moment both are in memory).
         """
         path = os.path.abspath(path)
         check_checkpoint(
@@ -114,8 +121,12 @@ class ModelHost:
             if self.label_kept_weights and version is not None:
                 self.version = version
             return
-        with torch.no_grad():
-            self.model.load_state_dict(state, strict=False)
+        if state.keys() <= self._model_keys:
+            with torch.no_grad():
+                self.model.load_state_dict(state, strict=False)
+        else:
+            del state
+            self.model = _load_model(path)
         self.model_path = path
         if version is not None:
             self.version = version
@@ -221,6 +232,14 @@ class ModelHost:
             **kwargs,
         )
         return out.logits[:, -1, :].float()
+
+
+def _load_model(path: str) -> Any:
+    """The checkpoint at ``path`` as transformers loads it (its weight conversions applied),
+    in float32, for inference. Blocking."""
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model.eval()
+    return model
 
 
 def stop_index(text: str, stop: tuple[str, ...]) -> int | None:

@@ -15,11 +15,23 @@ with the new body and the old head. Writing ``lm_head.weight`` into the snapshot
 help (it is skipped), and no server flag turns the prepacking off. ``reload_weights_tied``
 reloads, then re-runs ``process_weights_after_loading`` for every module whose weight is
 another module's weight, which repacks the head from the new embedding.
+
+Mixture-of-experts layers have the same fault for another reason. At first load, the CPU
+experts (``CPUUnquantizedExperts`` and its x86/Arm/Power kinds) prepack ``w13_weight`` and
+``w2_weight`` into their grouped-GEMM layout (``process_weights_after_loading`` of the
+experts). A reload runs the layer's ``process_weights_after_loading`` again, but
+``UnquantizedFusedMoEMethod`` calls the experts' own processing only on its first call (its
+kernel exists already), so the reloaded weights are copied, unpacked, into the packed
+tensors' storage: the server answers with a model that is neither checkpoint. So the reload
+also packs those two tensors again, in place, exactly as the first load did.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+log = logging.getLogger("actorsys_vllm_worker")
 
 
 class TiedWeightsReload:
@@ -27,10 +39,12 @@ class TiedWeightsReload:
 
     def reload_weights_tied(self, weights_path: str) -> int:
         """``reload_weights(weights_path=...)``, then rebuild what the reload left stale in
-        modules that share a weight; return how many modules were rebuilt."""
+        modules that share a weight and in CPU mixture-of-experts layers; return how many
+        modules were rebuilt."""
         worker: Any = self
         worker.reload_weights(weights_path=weights_path)
-        return rebuild_tied_modules(worker.model_runner.get_model())
+        model = worker.model_runner.get_model()
+        return rebuild_tied_modules(model) + repack_cpu_experts(model)
 
 
 REBUILT_METHODS = ("UnquantizedEmbeddingMethod",)
@@ -62,3 +76,41 @@ def rebuild_tied_modules(model: Any) -> int:
                 process(module)
                 rebuilt += 1
     return rebuilt
+
+
+REPACKED_EXPERTS = "CPUUnquantizedExperts"
+"""The CPU experts whose first load prepacks their weights (``cpu_prepack_moe_weight``), the
+base of the x86, Arm and Power kinds."""
+
+
+def repack_cpu_experts(model: Any) -> int:
+    """Pack ``w13_weight`` and ``w2_weight`` of every MoE layer served by CPU experts again,
+    in place, as their ``process_weights_after_loading`` did at first load (where it padded
+    the intermediate size, the packed shapes are not the checkpoint's, so such a layer is left
+    as the reload left it, and logged). Returns how many layers were repacked."""
+    import torch
+    from vllm import _custom_ops as ops
+
+    repacked = 0
+    with torch.no_grad():
+        for module in model.modules():
+            kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+            experts = getattr(kernel, "fused_experts", None)
+            if experts is None or getattr(experts, "_use_zentorch", False):
+                continue
+            if REPACKED_EXPERTS not in (cls.__name__ for cls in type(experts).__mro__):
+                continue
+            config = experts.moe_config
+            if experts._padded_intermediate_size(config) != config.intermediate_size_per_partition:
+                log.warning(
+                    "%s pads the MoE intermediate size of this model: its weights cannot be "
+                    "repacked in place after a reload (the weight probe will refuse what the "
+                    "server then answers); serve each snapshot from a fresh server instead",
+                    type(experts).__name__,
+                )
+                continue
+            for name in ("w13_weight", "w2_weight"):
+                weight = getattr(module, name)
+                weight.data.copy_(ops.cpu_prepack_moe_weight(weight.data, experts.isa))
+            repacked += 1
+    return repacked

@@ -1,0 +1,64 @@
+"""How actorsys starts a vLLM OpenAI server: the one place its command line is completed.
+
+Every vLLM server actorsys starts (a local fleet's, a Ray engine's, the one ``ServerEvalFn``
+launches) runs with ``VLLM_SERVER_DEV_MODE=1`` (the weight-update endpoints) and, unless told
+otherwise, with actorsys' worker extension (``actorsys/fleet/vllm_worker`` on its
+``PYTHONPATH``, ``--worker-extension-cls``), whose reload also rebuilds what vLLM's own leaves
+stale on the CPU (a tied ``lm_head``'s packed kernel). Options every such server needs go
+here, so that each way of starting one gets them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from actorsys.fleet.vllm_worker import EXTENSION_CLASS, WORKER_DIR
+
+EXTENSION_FLAG = "--worker-extension-cls"
+
+
+@dataclass(frozen=True)
+class VLLMLaunch:
+    """A vLLM server's command line and the environment variables to add to its own."""
+
+    argv: list[str]
+    env: dict[str, str]
+
+
+def vllm_launch(
+    argv: Sequence[str], *, tied_reload: bool = True, environ: Mapping[str, str] | None = None
+) -> VLLMLaunch:
+    """``argv`` (a vLLM OpenAI server's command) completed as actorsys runs it.
+
+    With ``tied_reload`` the worker extension is added, unless ``argv`` names a
+    ``--worker-extension-cls`` of its own, and its directory goes first on the ``PYTHONPATH``
+    taken from ``environ`` (default: this process's environment). Pure: reads no file.
+    """
+    command = list(argv)
+    env = {"VLLM_SERVER_DEV_MODE": "1"}
+    if tied_reload and EXTENSION_FLAG not in command:
+        command += [EXTENSION_FLAG, EXTENSION_CLASS]
+        inherited = (os.environ if environ is None else environ).get("PYTHONPATH")
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (WORKER_DIR, inherited) if p)
+    return VLLMLaunch(command, env)
+
+
+def vllm_command(
+    python: str,
+    model_dir: str,
+    port: int,
+    *,
+    max_model_len: int = 512,
+    kv_cache_bytes: int = 64 * 1024 * 1024,
+    extra_args: Sequence[str] = (),
+) -> list[str]:
+    """The command of a vLLM OpenAI server on the CPU serving ``model_dir`` on
+    ``127.0.0.1:port``, from the venv of ``python`` (before :func:`vllm_launch`)."""
+    return [
+        python, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", model_dir, "--host", "127.0.0.1", "--port", str(port),
+        "--dtype", "float32", "--max-model-len", str(max_model_len), "--enforce-eager",
+        "--kv-cache-memory-bytes", str(kv_cache_bytes), *extra_args,
+    ]

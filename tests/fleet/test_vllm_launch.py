@@ -1,0 +1,41 @@
+"""The one builder of a vLLM server's command line: every server actorsys starts gets the
+weight-update endpoints and, unless told otherwise, the worker extension."""
+
+from __future__ import annotations
+
+import os
+
+from actorsys.evals import EvalDataset, ServerEvalFn
+from actorsys.fleet.local import vllm
+from actorsys.fleet.vllm_launch import EXTENSION_FLAG, vllm_command, vllm_launch
+from actorsys.fleet.vllm_worker import EXTENSION_CLASS, WORKER_DIR
+
+ARGV = vllm_command("/venv/bin/python", "/models/base", 8000)
+
+
+def test_a_launch_gets_the_dev_mode_and_the_worker_extension_first_on_its_path() -> None:
+    launch = vllm_launch(ARGV, environ={"PYTHONPATH": "/mine"})
+    assert launch.argv == [*ARGV, EXTENSION_FLAG, EXTENSION_CLASS]
+    assert launch.env == {"VLLM_SERVER_DEV_MODE": "1",
+                          "PYTHONPATH": os.pathsep.join([WORKER_DIR, "/mine"])}
+
+
+def test_an_extension_of_the_users_own_or_no_tied_reload_is_left_alone() -> None:
+    own = [*ARGV, EXTENSION_FLAG, "theirs.Extension"]
+    assert vllm_launch(own, environ={}).argv == own
+    plain = vllm_launch(ARGV, tied_reload=False, environ={"PYTHONPATH": "/mine"})
+    assert plain.argv == ARGV and plain.env == {"VLLM_SERVER_DEV_MODE": "1"}
+
+
+def test_the_local_fleet_builds_its_vllm_command_with_it() -> None:
+    spec = vllm("/models/base", python="/venv/bin/python")
+    assert spec.command(8000) == vllm_launch(ARGV).argv
+    assert spec.env == vllm_launch(ARGV).env
+
+
+def test_server_eval_fn_gives_a_launched_vllm_the_extension_unless_it_names_its_own() -> None:
+    data = EvalDataset(name="d", records=({"prompt": "p", "label": "x"},))
+    argv = ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--port", "{port}"]
+    assert ServerEvalFn(data, launch=argv).tied_reload
+    assert not ServerEvalFn(data, launch=[*argv, EXTENSION_FLAG, "theirs.X"]).tied_reload
+    assert not ServerEvalFn(data, launch=argv, flavor="sglang").tied_reload
