@@ -2,7 +2,8 @@
 
 A point enters the Retirer through one door, :meth:`Retirer.take`: over the Retirer's inbox (a
 memory channel the supervisor owns), so the Retirer's task settles points in the order they
-came. Two callers need the outcome recorded before they return, and ask ``take`` for it
+came (and so do the late copies of points that settled already, ``discard``: only their files
+are deleted). Two callers need the outcome recorded before they return, and ask ``take`` for it
 ``at_once``: admission, for a point it refuses (``busy``, ``disk_budget``: the outcome is in the
 sink when ``submit`` returns False), and :meth:`Retirer.settle_now` (a close out of budget, a
 supervisor that gave up: the owners may be stuck or gone). The one place a point settles is
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, deque
+from dataclasses import dataclass
 
 import trio
 
@@ -36,6 +38,13 @@ log = logging.getLogger("actorsys")
 NAME = "retirer"
 
 
+@dataclass(frozen=True)
+class Discard:
+    """A message to the Retirer: delete what this late copy of a settled point wrote."""
+
+    point: Point
+
+
 class Retirer:
     name = NAME
 
@@ -46,7 +55,7 @@ class Retirer:
         self.flight = flight
         self.sink = sink
         self.tracker = tracker
-        self.inbox_send, self.inbox = trio.open_memory_channel[Point](float("inf"))
+        self.inbox_send, self.inbox = trio.open_memory_channel[Point | Discard](float("inf"))
         self.ring: deque[str] = deque()
         self.reasons: Counter[str] = Counter()
         self.ok_count = 0
@@ -77,10 +86,12 @@ class Retirer:
 
     def discard(self, point: Point) -> None:
         """A copy of a point that settled while its owner still worked on it: delete the
-        snapshot it may have written since, unless the ring keeps it. Never settles."""
-        if point.weights is not None:
-            point.weights.release()
-        self._queue_delete(None, [path for path in point.files if path not in self.ring])
+        snapshot it may have written since, unless the ring keeps it. Never settles. Sent
+        over the inbox too."""
+        try:
+            self.inbox_send.send_nowait(Discard(point))
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            self._discard(point)
 
     def note_step(self, step: int) -> None:
         if self.noted_step is None or step > self.noted_step:
@@ -88,12 +99,12 @@ class Retirer:
 
     # -- the actor --------------------------------------------------------------------
 
-    async def run(self, inbox: trio.MemoryReceiveChannel[Point]) -> None:
+    async def run(self, inbox: trio.MemoryReceiveChannel[Point | Discard]) -> None:
         async with inbox, trio.open_nursery() as nursery:
             self._loop_ended = trio.Event()
             nursery.start_soon(self._delete_loop)
-            async for point in inbox:
-                self._settle(point)
+            async for message in inbox:
+                self._handle(message)
             await self._wait_deleted()
             nursery.cancel_scope.cancel()
 
@@ -102,7 +113,7 @@ class Retirer:
         whose ticket settled already only has its leftovers deleted."""
         ticket = self.flight.get(point.step)
         if ticket is None or ticket.state is State.SETTLED:
-            self.discard(point)
+            self._discard(point)
             return
         ticket.state, ticket.owner, ticket.point = State.SETTLED, None, point
         if point.weights is not None:
@@ -123,6 +134,27 @@ class Retirer:
             "step %d settled %s%s", point.step, outcome.status,
             f" ({outcome.reason})" if outcome.reason else "",
         )
+
+    def _handle(self, message: Point | Discard) -> None:
+        if isinstance(message, Discard):
+            self._discard(message.point)
+        else:
+            self._settle(message)
+
+    def _handle_queued(self) -> None:
+        """Handle what the inbox still holds after the Retirer's task was cancelled (at close,
+        when the actors did not stop in time)."""
+        while True:
+            try:
+                message = self.inbox.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                return
+            self._handle(message)
+
+    def _discard(self, point: Point) -> None:
+        if point.weights is not None:
+            point.weights.release()
+        self._queue_delete(None, [path for path in point.files if path not in self.ring])
 
     def settle_now(self, reason: str, error: str | None = None) -> list[int]:
         """Settle every point in flight here and now, without waiting for its owner (which
@@ -145,6 +177,7 @@ class Retirer:
         actors were cancelled (this first waits for the loop to end, after the delete it may
         be running)."""
         await self._loop_ended.wait()
+        self._handle_queued()
         while self._deletes:
             step, paths = self._deletes.popleft()
             await self._delete(step, paths)
