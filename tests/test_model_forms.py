@@ -119,6 +119,8 @@ async def test_fsdp1_raises_unsupported_at_submit_and_a_plain_submit_works_after
 
 
 async def test_quantized_bases_raise_unsupported_at_submit_with_or_without_adapters(tmp_path):
+    # torchao is no dependency: once installed, transformers imports it in every process
+    # that builds a model. The test runs wherever it is installed.
     quantization = pytest.importorskip("torchao.quantization")
     quantized = tiny_llama(tied=False)
     quantization.quantize_(quantized, quantization.Int8WeightOnlyConfig())

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from actorsys.snapshot._forms import check_module, unsupported
+from actorsys.snapshot._forms import check_module, unsupported, walk_modules
 from actorsys.snapshot._kept import KeptBase
 from actorsys.snapshot._state import (
     StatePlan,
@@ -102,7 +102,7 @@ def plan_adapters(module: torch.nn.Module) -> StatePlan:
     trained: set[str] = set()
     sharded = False
     problem: str | None = None
-    for name, submodule in model.named_modules(remove_duplicate=False):
+    for name, submodule in walk_modules(model):
         # The base's form is checked everywhere first: a quantized base is named as such,
         # even where the adapters over it would not merge either.
         sharded = check_module(name, submodule) or sharded

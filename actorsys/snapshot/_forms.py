@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+from collections.abc import Iterator
 
 import torch
 
@@ -51,7 +52,7 @@ def model_form(module: torch.nn.Module) -> ModelForm:
     if is_peft(module):
         return ModelForm.ADAPTERS
     adapters = sharded = False
-    for name, submodule in module.named_modules():
+    for name, submodule in walk_modules(module):
         sharded = check_module(name, submodule) or sharded
         adapters = adapters or is_peft(submodule)
     if adapters:
@@ -59,6 +60,22 @@ def model_form(module: torch.nn.Module) -> ModelForm:
             raise unsupported("adapters-sharded", "peft adapters over sharded (DTensor) parameters")
         return ModelForm.ADAPTERS
     return ModelForm.SHARDED if sharded else ModelForm.DENSE
+
+
+def walk_modules(module: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module]]:
+    """Every submodule with its name, in ``state_dict`` order, a shared one under each of its
+    names. ``named_modules`` does the same through nested generators, whose cost grows with
+    depth times size; at every submit, on the trainer's thread, a flat walk is worth it."""
+    stack: list[tuple[str, torch.nn.Module]] = [("", module)]
+    while stack:
+        prefix, current = stack.pop()
+        yield prefix, current
+        children = [
+            (f"{prefix}.{name}" if prefix else name, child)
+            for name, child in current._modules.items()
+            if child is not None
+        ]
+        stack.extend(reversed(children))
 
 
 def is_peft(module: torch.nn.Module) -> bool:
