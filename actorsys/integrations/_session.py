@@ -89,6 +89,7 @@ class TrainingSession:
         )
         self.settled = SettledPoints()
         self._bridge: EvalBridge | None = None
+        self._last_step: int | None = None
         self._stopped = False
         self.drain_report: DrainReport | None = None
         self.close_report: CloseReport | None = None
@@ -104,6 +105,7 @@ class TrainingSession:
         if self._bridge is not None:
             self._bridge.close(drain=False)
         self._stopped = False
+        self._last_step = None
         self.drain_report = self.close_report = None
         bridge = EvalBridge(
             self.config, eval_fn=self._eval_fn, fleet=self._fleet,
@@ -114,15 +116,17 @@ class TrainingSession:
         bridge.prepare(model=model)
 
     def step(self, step: int, model: torch.nn.Module) -> None:
-        """Note the trainer's step; submit ``model`` if ``step`` is a multiple of ``every``.
+        """Note the trainer's step; submit ``model`` if ``step`` is a multiple of ``every``
+        (once: a step seen again, as under gradient accumulation, is ignored).
 
         On every process of a distributed job alike (a sharded model's submit is a
         collective). A supervisor that gave up or closed is logged once; training goes on
         without further points.
         """
         bridge = self._bridge
-        if bridge is None or self._stopped:
+        if bridge is None or self._stopped or step == self._last_step:
             return
+        self._last_step = step
         bridge.note_step(step)
         if step % self.every:
             return
