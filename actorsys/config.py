@@ -105,12 +105,16 @@ class EvalConfig:
         ``--eval-keep-snapshots`` as miles names them, and ``--eval-timeout``,
         ``--eval-pin-timeout``, ``--eval-close-timeout``, ``--eval-probe on|off``; and miles' eval-data flags
         (``--eval-prompt-data``, ``--eval-config``, ``--n-samples-per-eval-prompt``, ...; read
-        them back with :func:`actorsys.evals.datasets_from_args`). Flags the parser already
-        defines are left to it. A bad value is an argparse error naming the flag."""
+        them back with :func:`actorsys.evals.datasets_from_args`); and the eval fleet's
+        ``--eval-num-gpus``, ``--eval-num-gpus-per-engine``, ``--eval-engine`` (read by
+        :meth:`actorsys.fleet.ray.RayFleet.from_args`). Flags the parser already defines are
+        left to it. A bad value is an argparse error naming the flag."""
         from actorsys.evals.flags import add_dataset_arguments
+        from actorsys.fleet.flags import add_fleet_arguments
 
         group = _flags.add_arguments(parser, cls)
         add_dataset_arguments(group)
+        add_fleet_arguments(group)
         return group
 
     @classmethod
