@@ -34,6 +34,7 @@ import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_callback import CallbackHandler
 
+from actorsys._errors import ConfigError
 from actorsys.config import EvalConfig
 from actorsys.integrations._session import EVAL_STEP, TrainingSession, log_row
 from actorsys.sinks import Sink
@@ -82,7 +83,7 @@ class EvalCallback(TrainerCallback):
     ) -> None:
         self._handler = self._take_front_of_handler()
         if model is None:
-            raise TypeError("EvalCallback needs the trainer's model at train begin")
+            raise ConfigError("model", "the trainer passed no model to EvalCallback at train begin")
         self.session.open(model)
 
     def on_step_end(
