@@ -10,31 +10,17 @@ in ``trainer.state.log_history`` as a row of its own with ``eval/step``, and in 
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import json
 import sys
 
 import tiny_lm
 import transformers
 from transformers import Trainer, TrainingArguments
 
-from actorsys import EvalConfig
 from actorsys.integrations.transformers import EvalCallback
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--eval-every", type=int, default=10, metavar="K")
-    parser.add_argument("--workdir", help="where the base checkpoint and snapshots go")
-    parser.add_argument("--results", help="write the outcomes and the eval rows here (JSON)")
-    EvalConfig.add_arguments(parser)
-    return parser.parse_args(argv)
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    args = tiny_lm.parse_training_args(__doc__.split("\n")[0], argv, steps=30, every=10)
     transformers.utils.logging.disable_progress_bar()
     tokenizer, model_config, config = tiny_lm.set_up(args)
     rows = [{k: v[0].tolist() for k, v in tiny_lm.batch(tokenizer, [text]).items()}
@@ -61,10 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     eval_rows = [row for row in trainer.state.log_history if "eval/step" in row]
     print(f"done: {sink.summary()}; eval rows in log_history: "
           f"{[int(row['eval/step']) for row in eval_rows]}")
-    if args.results:
-        with open(args.results, "w", encoding="utf-8") as f:
-            json.dump({"outcomes": [dataclasses.asdict(o) for o in sink.outcomes],
-                       "eval_rows": eval_rows}, f, default=repr)
+    tiny_lm.write_results(args.results, sink.outcomes, eval_rows)
     return 0
 
 

@@ -10,10 +10,7 @@ trainer at the step the weights came from (here a CSV file under the workdir).
 
 from __future__ import annotations
 
-import argparse
 import csv
-import dataclasses
-import json
 import os
 import sys
 
@@ -23,7 +20,6 @@ import torch
 import transformers
 from lightning.pytorch.loggers import CSVLogger
 
-from actorsys import EvalConfig
 from actorsys.integrations.lightning import EvalCallback
 
 
@@ -39,18 +35,8 @@ class TinyLM(pl.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=3e-3)
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--eval-every", type=int, default=10, metavar="K")
-    parser.add_argument("--workdir", help="where the base checkpoint, snapshots and logs go")
-    parser.add_argument("--results", help="write the outcomes and the logged rows here (JSON)")
-    EvalConfig.add_arguments(parser)
-    return parser.parse_args(argv)
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    args = tiny_lm.parse_training_args(__doc__.split("\n")[0], argv, steps=30, every=10)
     transformers.utils.logging.disable_progress_bar()
     tokenizer, model_config, config = tiny_lm.set_up(args)
     inputs = tiny_lm.batch(tokenizer, tiny_lm.TRAIN_TEXTS)
@@ -70,10 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         logged = [row for row in csv.DictReader(f) if row.get("eval/step")]
     print(f"done: {sink.summary()}; eval rows in {logger.log_dir}/metrics.csv at steps "
           f"{[int(row['step']) for row in logged]}")
-    if args.results:
-        with open(args.results, "w", encoding="utf-8") as f:
-            json.dump({"outcomes": [dataclasses.asdict(o) for o in sink.outcomes],
-                       "eval_rows": logged}, f, default=repr)
+    tiny_lm.write_results(args.results, sink.outcomes, logged)
     return 0
 
 

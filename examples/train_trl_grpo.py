@@ -11,9 +11,6 @@ The same callback serves ``SFTTrainer``, ``DPOTrainer`` and every other TRL trai
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import json
 import sys
 from typing import Any
 
@@ -22,7 +19,6 @@ import transformers
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
-from actorsys import EvalConfig
 from actorsys.integrations.transformers import EvalCallback
 
 KNOWN_WORDS = {word for text in tiny_lm.TRAIN_TEXTS for word in text.split()}
@@ -37,18 +33,8 @@ def known_words(completions: list[str], **kwargs: Any) -> list[float]:
     return scores
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--eval-every", type=int, default=3, metavar="K")
-    parser.add_argument("--workdir", help="where the base checkpoint and snapshots go")
-    parser.add_argument("--results", help="write the outcomes and the eval rows here (JSON)")
-    EvalConfig.add_arguments(parser)
-    return parser.parse_args(argv)
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    args = tiny_lm.parse_training_args(__doc__.split("\n")[0], argv, steps=6, every=3)
     transformers.utils.logging.disable_progress_bar()
     tokenizer, model_config, config = tiny_lm.set_up(args)
     prompts = Dataset.from_list(
@@ -71,10 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     eval_rows = [row for row in trainer.state.log_history if "eval/step" in row]
     print(f"done: {sink.summary()}; eval rows in log_history: "
           f"{[int(row['eval/step']) for row in eval_rows]}")
-    if args.results:
-        with open(args.results, "w", encoding="utf-8") as f:
-            json.dump({"outcomes": [dataclasses.asdict(o) for o in sink.outcomes],
-                       "eval_rows": eval_rows}, f, default=repr)
+    tiny_lm.write_results(args.results, sink.outcomes, eval_rows)
     return 0
 
 
