@@ -3,12 +3,13 @@ callback (a point every 10 steps) against the same training without it, and the 
 drain.
 
 Run: ``.venv/bin/python bench/trainer_callback.py`` (a few minutes on 2 cores; ``--steps``,
-``--every``, ``--repeats``). A Llama of about 100 MB (fp32) trains on random tokens; the
-runs alternate (without, with, without, with...) in one process so that load from other
-processes falls on both alike. The eval fn reads each snapshot's safetensors header in a
-worker thread (what is measured is the pipeline around it, not an evaluation). Step time is
-the wall time between consecutive ``on_step_end`` events, the first steps left out (warm-up);
-the drain is the time ``on_train_end`` of the callback takes (drain, then close).
+``--every``, ``--repeats``, ``--threads 1`` where other processes share the cores). A Llama
+of about 100 MB (fp32) trains on random tokens; the runs alternate (without, with, without,
+with...) in one process so that load from other processes falls on both alike. The eval fn
+reads each snapshot's safetensors header in a worker thread (what is measured is the
+pipeline around it, not an evaluation). Step time is the wall time between consecutive
+``on_step_end`` events, the first steps left out (warm-up); the drain is the time
+``on_train_end`` of the callback takes (drain, then close).
 """
 
 from __future__ import annotations
@@ -114,7 +115,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--every", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (1 on cores other processes share)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     size = sum(p.numel() * p.element_size() for p in LlamaForCausalLM(model_config()).parameters())
     print(f"model: {size / 1e6:.0f} MB fp32; {args.steps} steps, a point every {args.every}, "
           f"{args.repeats} runs each, alternating; torch threads {torch.get_num_threads()}")
