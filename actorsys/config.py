@@ -106,11 +106,14 @@ class EvalConfig:
         ``--eval-keep-snapshots`` as miles names them, and ``--eval-timeout``,
         ``--eval-pin-timeout``, ``--eval-close-timeout``, ``--eval-probe on|off``; and miles' eval-data flags
         (``--eval-prompt-data``, ``--eval-config``, ``--n-samples-per-eval-prompt``, ...; read
-        them back with :func:`actorsys.evals.datasets_from_args`). Flags the parser already
-        defines are left to it. A bad value is an argparse error naming the flag.
+        them back with :func:`actorsys.evals.datasets_from_args`); and the eval fleet's
+        ``--eval-num-gpus``, ``--eval-num-gpus-per-engine``, ``--eval-engine`` (read by
+        :meth:`actorsys.fleet.ray.RayFleet.from_args`). Flags the parser already defines are
+        left to it. A bad value is an argparse error naming the flag.
 
-        The eval-data flags belong to :mod:`actorsys.evals`, which registers them
-        (:mod:`actorsys.flag_groups`): the config imports no feature."""
+        The eval-data flags belong to :mod:`actorsys.evals` and the fleet's to
+        :mod:`actorsys.fleet`, which register them (:mod:`actorsys.flag_groups`): the config
+        imports no feature."""
         group = _flags.add_arguments(parser, cls)
         add_registered_flags(group)
         return group

@@ -87,7 +87,7 @@ def main() -> None:
         for seed, snapshot in enumerate(snapshots, start=1):
             make_snapshot(f"{root}/base", snapshot, seed=seed)
         started = time.monotonic()
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
                  configure_logging=False, object_store_memory=80 * 1024 * 1024)
         print(f"ray.init(num_cpus=2)        {time.monotonic() - started:6.2f} s")
         try:

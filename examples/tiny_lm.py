@@ -9,6 +9,8 @@ its non-weight files from.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import math
 import os
 import tempfile
@@ -64,6 +66,28 @@ def make_base_checkpoint(directory: str) -> tuple[PreTrainedTokenizerFast, Llama
     tokenizer.save_pretrained(directory)
     config.save_pretrained(directory)
     return tokenizer, config
+
+
+def parse_training_args(
+    description: str, argv: list[str] | None, *, steps: int, every: int
+) -> argparse.Namespace:
+    """The flags every training example takes: ``--steps``, ``--eval-every``, ``--workdir``,
+    ``--results`` and EvalConfig's own."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--eval-every", type=int, default=every, metavar="K")
+    parser.add_argument("--workdir", help="where the base checkpoint, snapshots and logs go")
+    parser.add_argument("--results", help="write the outcomes and the eval rows here (JSON)")
+    EvalConfig.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def write_results(path: str | None, outcomes: list[Outcome], eval_rows: list[dict[str, Any]]) -> None:
+    """The outcomes and the eval rows the trainer logged, as JSON in ``path`` (if given)."""
+    if path:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump({"outcomes": [dataclasses.asdict(o) for o in outcomes],
+                       "eval_rows": eval_rows}, f, default=repr)
 
 
 def set_up(args: argparse.Namespace) -> tuple[PreTrainedTokenizerFast, LlamaConfig, EvalConfig]:

@@ -205,7 +205,7 @@ async def train(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     transformers.utils.logging.disable_progress_bar()
-    ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False,
              configure_logging=False, object_store_memory=80 * 1024 * 1024)
     try:
         results = asyncio.run(train(args))

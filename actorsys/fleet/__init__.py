@@ -21,6 +21,7 @@ from actorsys.fleet.engine import (
     PinError,
     PinViolationError,
 )
+from actorsys.fleet.flags import FleetFlags
 from actorsys.fleet.probe import WeightsMismatchError
 from actorsys.fleet.sglang import SGLangEngine
 from actorsys.fleet.verdict import PinVerdict, ProbeCancelledError
@@ -33,6 +34,7 @@ __all__ = [
     "Engine",
     "EngineUnhealthyError",
     "Fleet",
+    "FleetFlags",
     "PinError",
     "PinVerdict",
     "PinViolationError",

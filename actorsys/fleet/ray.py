@@ -25,6 +25,7 @@ a fleet is opened: ``import actorsys`` works without it (the ``ray`` extra insta
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import os
@@ -33,7 +34,7 @@ import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import httpx
@@ -43,6 +44,7 @@ import trio
 from actorsys._errors import ConfigError
 from actorsys.fleet._process import ManagedProcess, spawn
 from actorsys.fleet.engine import Engine, EngineUnhealthyError, Fleet
+from actorsys.fleet.flags import fleet_flags_from_args
 from actorsys.fleet.local import (
     HEALTH_POLL_INTERVAL,
     VLLM_PYTHON,
@@ -58,6 +60,10 @@ log = logging.getLogger("actorsys.fleet")
 
 ENGINES = ("embedded", "vllm")
 DEFAULT_RESOURCES: Mapping[str, Any] = {"num_cpus": 1}
+ACTOR_ANSWER_TIMEOUT = 10.0
+"""Seconds an engine actor has to say where its server is. A live actor answers in
+milliseconds; one that Ray is restarting, or cannot place (its node is gone and no other has
+room), would hold the call until it is back: the pin says ``unhealthy`` instead."""
 
 
 async def await_ref(ref: Any, *, force: bool = False) -> Any:
@@ -165,6 +171,12 @@ class EngineServer:
     def log_tail(self) -> str:
         return self._process.log_tail()
 
+    def node_id(self) -> str:
+        """The Ray node this actor (and its server) runs on."""
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id())
+
 
 class RayEngine:
     """The :class:`~actorsys.Engine` of one engine actor.
@@ -181,6 +193,7 @@ class RayEngine:
         self._spec = spec
         self._client: Engine | None = None
         self.url: str | None = None
+        self.answer_timeout = ACTOR_ANSWER_TIMEOUT
 
     def __repr__(self) -> str:
         return f"RayEngine({self.name!r}, url={self.url!r})"
@@ -208,9 +221,15 @@ class RayEngine:
         import ray
 
         try:
-            url = await await_ref(self.actor.url.remote())
+            with trio.fail_after(self.answer_timeout):
+                url = await await_ref(self.actor.url.remote())
         except ray.exceptions.RayError as exc:
             raise EngineUnhealthyError(self.name, f"its actor is not serving: {exc}") from exc
+        except trio.TooSlowError as exc:
+            raise EngineUnhealthyError(
+                self.name, f"its actor did not answer within {self.answer_timeout} s "
+                "(restarting, or no node can place it)",
+            ) from exc
         if url != self.url or self._client is None:
             self._client, self.url = self._spec.client(url, self.name), url
         return self._client
@@ -281,3 +300,35 @@ class RayFleet:
             if ray.is_initialized():
                 for actor in actors:
                     ray.kill(actor, no_restart=True)
+
+    # -- the dedicated eval fleet from the trainer's flags ---------------------------------
+
+    @classmethod
+    def from_args(
+        cls,
+        args: argparse.Namespace,
+        model_dir: str | os.PathLike[str],
+        *,
+        resources: Mapping[str, Any] | None = None,
+        engine_args: Sequence[str] = (),
+        max_restarts: int = 0,
+        startup_timeout: float = 600.0,
+    ) -> AbstractAsyncContextManager[RayFleet]:
+        """:meth:`open` as the fleet flags in ``args`` say (``EvalConfig.add_arguments``
+        adds them): ``--eval-num-gpus N // --eval-num-gpus-per-engine G`` engines of
+        ``--eval-engine``, each an actor with ``num_gpus=G``; with ``--eval-num-gpus 0`` (or
+        unset) one engine on one CPU. ``resources`` adds to (or overrides) each actor's
+        options, e.g. ``{"scheduling_strategy": "SPREAD"}`` for one engine per node where
+        the GPUs allow. A vLLM engine of several GPUs gets ``--tensor-parallel-size G``.
+        Runs on the cluster ``ray.init`` connected to; blocks as :meth:`open` does.
+        """
+
+        flags = fleet_flags_from_args(args)
+        extra = tuple(engine_args)
+        if flags.engine == "vllm" and flags.num_gpus and flags.num_gpus_per_engine > 1:
+            extra = ("--tensor-parallel-size", str(flags.num_gpus_per_engine), *extra)
+        return cls.open(
+            model_dir, num_engines=flags.num_engines, engine=flags.engine, engine_args=extra,
+            resources={**flags.resources, **(resources or {})}, max_restarts=max_restarts,
+            startup_timeout=startup_timeout,
+        )

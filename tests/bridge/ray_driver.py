@@ -71,7 +71,7 @@ async def drive(staging: str) -> dict[str, Any]:
 
 
 def main(staging: str) -> None:
-    ray.init(num_cpus=1, include_dashboard=False, object_store_memory=80 * 1024 * 1024,
+    ray.init(address="local", num_cpus=1, include_dashboard=False, object_store_memory=80 * 1024 * 1024,
              log_to_driver=False, configure_logging=False)
     try:
         policy = type(asyncio.get_event_loop_policy()).__qualname__

@@ -36,7 +36,7 @@ ENGINE = {"num_cpus": 0.5}
 @pytest.fixture(scope="module", autouse=True)
 def cluster() -> Iterator[None]:
     ray.init(
-        num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+        address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
         object_store_memory=80 * 1024 * 1024,
     )
     try:

@@ -1,0 +1,95 @@
+"""The flags of a dedicated eval fleet, as miles names them: ``--eval-num-gpus N`` and
+``--eval-num-gpus-per-engine G`` (default 1), and ours, ``--eval-engine embedded|vllm``.
+
+:meth:`RayFleet.from_args <actorsys.fleet.ray.RayFleet.from_args>` reads them back through
+:func:`fleet_flags_from_args`: ``N // G`` engines of ``G`` GPUs each, or, with
+``--eval-num-gpus 0`` (or unset), one CPU engine. A flag the trainer's parser already
+defines (miles defines the first two) is left to it and read back under its usual name.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from actorsys._errors import ConfigError
+from actorsys.flag_groups import register_flags
+
+ENGINE_KINDS = ("embedded", "vllm")
+CPU_ENGINE: Mapping[str, Any] = {"num_cpus": 1}
+
+
+@dataclass(frozen=True)
+class FleetFlags:
+    """What the fleet flags say: ``num_gpus`` in all (0: none), ``num_gpus_per_engine``,
+    and the ``engine`` kind. Checked at construction (:class:`ConfigError` naming the flag)."""
+
+    num_gpus: int = 0
+    num_gpus_per_engine: int = 1
+    engine: str = "embedded"
+
+    def __post_init__(self) -> None:
+        for flag, value, minimum in (("--eval-num-gpus", self.num_gpus, 0),
+                                     ("--eval-num-gpus-per-engine", self.num_gpus_per_engine, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise ConfigError(flag, f"expected an integer >= {minimum}, got {value!r}")
+        if self.engine not in ENGINE_KINDS:
+            raise ConfigError("--eval-engine", f"expected one of {ENGINE_KINDS}, got {self.engine!r}")
+        if self.num_gpus and self.num_gpus % self.num_gpus_per_engine:
+            raise ConfigError(
+                "--eval-num-gpus",
+                f"{self.num_gpus} GPUs do not split into engines of {self.num_gpus_per_engine}; "
+                "give a multiple of --eval-num-gpus-per-engine",
+            )
+
+    @property
+    def num_engines(self) -> int:
+        return self.num_gpus // self.num_gpus_per_engine if self.num_gpus else 1
+
+    @property
+    def resources(self) -> dict[str, Any]:
+        """Each engine actor's Ray resources: ``G`` GPUs, or one CPU without GPUs."""
+        return {"num_gpus": self.num_gpus_per_engine} if self.num_gpus else dict(CPU_ENGINE)
+
+
+def _count(minimum: int) -> Any:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+@register_flags
+def add_fleet_arguments(group: argparse._ArgumentGroup) -> None:
+    """Add the fleet flags to ``group`` (skipping flags its parser already defines). A bad
+    value is an argparse error naming the flag."""
+    for option, kwargs in (
+        ("--eval-num-gpus", {"type": _count(0), "metavar": "N", "help":
+            "GPUs of the dedicated eval fleet (RayFleet.from_args); 0: one CPU engine"}),
+        ("--eval-num-gpus-per-engine", {"type": _count(1), "metavar": "G", "help":
+            "GPUs of each eval engine (default 1; vLLM engines shard over them)"}),
+        ("--eval-engine", {"choices": ENGINE_KINDS, "help":
+            "the engine the eval fleet runs (default embedded)"}),
+    ):
+        try:
+            group.add_argument(option, default=None, **kwargs)
+        except argparse.ArgumentError:
+            continue
+
+
+def fleet_flags_from_args(namespace: argparse.Namespace) -> FleetFlags:
+    """The fleet flags set in ``namespace``; unset ones keep their defaults."""
+    values = {
+        "num_gpus": getattr(namespace, "eval_num_gpus", None),
+        "num_gpus_per_engine": getattr(namespace, "eval_num_gpus_per_engine", None),
+        "engine": getattr(namespace, "eval_engine", None),
+    }
+    return FleetFlags(**{k: v for k, v in values.items() if v is not None})
