@@ -29,6 +29,7 @@ import trio
 
 from actorsys._core import close as _close
 from actorsys._core.admission import Reservation
+from actorsys._core.collective import Collective, Contribution, decide
 from actorsys._core.point import ExportFn
 from actorsys._core.submit import SubmitRequest
 from actorsys._core.wiring import Wiring, check_collaborators, wire
@@ -36,6 +37,7 @@ from actorsys._errors import SupervisorClosedError
 from actorsys.config import EvalConfig
 from actorsys.fleet import Fleet
 from actorsys.outcome import CloseReport, DrainReport, SupervisorStatistics
+from actorsys.runtime import ThreadTracker, run_blocking
 from actorsys.sinks import Sink
 from actorsys.snapshot import CapturedWeights, PoolStatistics, capture, prepare_weights
 
@@ -64,6 +66,8 @@ class EvalSupervisor:
         self.eval_fn = eval_fn
         self._wiring: Wiring | None = None
         self._closer = _close.Closer()
+        self._collective: Collective | None = None
+        self._contribution: Contribution | None = None
 
     @classmethod
     @asynccontextmanager
@@ -80,13 +84,25 @@ class EvalSupervisor:
         Raises :class:`~actorsys.ConfigError` before starting anything if the config, eval fn,
         fleet, sink or staging dir is unusable. At start, tmp directories an earlier crashed
         run left in ``hf_dir`` are removed.
+
+        In a ``torch.distributed`` job of several ranks the open is collective (see
+        :mod:`actorsys._core.collective`): it returns once every rank opened, and raises
+        :class:`~actorsys.ConfigError` on every rank if one of them does not see ``hf_dir``.
         """
         sup = cls(config, eval_fn=eval_fn, fleet=fleet, sink=sink)
-        wiring = sup._wire()
+        await sup._join_collective()
+        try:
+            wiring = sup._wire()
+        except BaseException:
+            if sup._collective is not None:
+                sup._collective.close()
+            raise
         body_error: BaseException | None = None
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(wiring.actors.run)
+                if sup._contribution is not None:
+                    nursery.start_soon(sup._contribution.run)
                 try:
                     yield sup
                 except BaseException as exc:
@@ -102,6 +118,8 @@ class EvalSupervisor:
             raise
 
     def _wire(self) -> Wiring:
+        collective = self._collective
+        contributing = collective is not None and not collective.evaluating
         self._wiring = wire(
             self.config,
             eval_fn=self.eval_fn,
@@ -109,8 +127,26 @@ class EvalSupervisor:
             fleets=self._fleets,
             on_crash=self._on_crash,
             on_give_up=self._on_give_up,
+            shares_staging=contributing,
         )
+        if contributing:
+            assert collective is not None
+            self._contribution = Contribution(
+                collective, self._wiring.buffers, self._wiring.tracker
+            )
         return self._wiring
+
+    async def _join_collective(self) -> None:
+        """Meet the other ranks' supervisors, in a worker thread (bounded by
+        ``collective_timeout``), when this process is one rank of several."""
+        collective = await run_blocking(
+            lambda: Collective.join(self.config), abandon_on_cancel=True,
+            limiter=trio.CapacityLimiter(1), description="meeting the other ranks",
+            tracker=ThreadTracker(),
+        )
+        if collective is not None and collective.evaluating:
+            self.sink = collective.observe(self.sink)
+        self._collective = collective
 
     def _running(self) -> Wiring:
         if self._wiring is None:
@@ -177,7 +213,7 @@ class EvalSupervisor:
             await trio.lowlevel.cancel_shielded_checkpoint()
             return False
         weights = None
-        if request.weights_source is not None:
+        if request.weights_source is not None and reservation.buffers is not None:
             try:
                 weights = capture(request.weights_source, buffers=reservation.buffers)
             except BaseException:
@@ -194,9 +230,15 @@ class EvalSupervisor:
         Returns a :class:`Reservation` to ``launch`` once the weights are copied with
         ``capture(request.weights_source, buffers=reservation.buffers)`` (or to ``release``),
         or None if the point settled at once. For hosts that copy the weights in their own
-        thread (the bridge); ``submit`` is reserve + copy + launch.
+        thread (the bridge); ``submit`` is reserve + copy + launch. A reservation without
+        ``buffers`` needs no copy (a rank of a collective submit that holds no shards).
         """
-        return await self._running().admission.reserve(request)
+        admission = self._running().admission
+        if self._contribution is not None:
+            return await self._contribution.reserve(request)
+        if self._collective is not None:
+            return await decide(self._collective, admission.reserve, request)
+        return await admission.reserve(request)
 
     def launch(self, reservation: Reservation, weights: CapturedWeights | None) -> bool:
         """Start a reserved point down the pipeline with its copied ``weights``.
@@ -204,11 +246,19 @@ class EvalSupervisor:
         If the supervisor closed or gave up since the reservation, the point settles
         ``closed`` / ``crashed`` instead and this returns False.
         """
+        if self._contribution is not None:
+            return self._contribution.launch(reservation, weights)
+        if self._collective is not None and weights is not None and weights.sharding is not None:
+            weights.handover = self._collective.handover(reservation.point.step)
         return self._running().admission.launch(reservation, weights)
 
     def release(self, reservation: Reservation) -> None:
         """Give back a reservation that will not be launched; the step may be submitted again."""
+        if self._contribution is not None:
+            return self._contribution.release(reservation)
         self._running().admission.release(reservation)
+        if self._collective is not None:
+            self._collective.settled(reservation.point.step)
 
     def note_step(self, step: int) -> None:
         """Tell the supervisor the trainer's current step (for ``eval/lag_steps``)."""
@@ -234,6 +284,8 @@ class EvalSupervisor:
         if self._wiring is None:
             await trio.lowlevel.checkpoint()
             return DrainReport(settled=[], pending=[])
+        if self._contribution is not None:
+            return await self._contribution.drain(timeout)
         return await _close.drain(self._wiring, timeout)
 
     async def aclose(
@@ -252,7 +304,29 @@ class EvalSupervisor:
         if self._wiring is None:
             return CloseReport(clean=True, abandoned=[], stuck_threads=[])
         budget = self.config.close_timeout if timeout is None else timeout
-        return await self._closer.close_once(self._wiring, self.eval_fn, budget, drain)
+        if self._contribution is not None:
+            return await self._close_contribution(self._contribution, budget, drain)
+        report = await self._closer.close_once(self._wiring, self.eval_fn, budget, drain)
+        if self._collective is not None:
+            self._collective.close()
+        return report
+
+    async def _close_contribution(
+        self, contribution: Contribution, budget: float, drain: bool
+    ) -> CloseReport:
+        """A contributing rank: its shard writes get the budget but a reserve, then the
+        (idle) pipeline closes."""
+        deadline = trio.current_time() + budget
+        share = budget * (1 - _close.CLOSE_RESERVE_FRACTION) if drain else 0.0
+        abandoned = await contribution.aclose(share)
+        rest = max(0.0, deadline - trio.current_time())
+        assert self._wiring is not None
+        report = await self._closer.close_once(self._wiring, self.eval_fn, rest, drain)
+        return CloseReport(
+            clean=report.clean and not abandoned,
+            abandoned=sorted({*report.abandoned, *abandoned}),
+            stuck_threads=report.stuck_threads,
+        )
 
     # -- introspection -----------------------------------------------------------------------
 

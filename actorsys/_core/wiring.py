@@ -87,14 +87,17 @@ def wire(
     fleets: Sequence[Fleet | None],
     on_crash: Callable[[str, Exception], None],
     on_give_up: Callable[[Exception], None],
+    shares_staging: bool = False,
 ) -> Wiring:
     """Build the actors of one supervisor (in the trio thread that will run them), after
     preparing the staging dir: tmp dirs an earlier crashed run left there are removed.
+    With ``shares_staging`` (another rank's supervisor owns the staging dir and writes its
+    snapshots) the dir is left alone.
 
     Raises :class:`~actorsys.ConfigError` if the staging dir is unusable.
     """
     staging_dir = config.staging_dir
-    if staging_dir is not None:
+    if staging_dir is not None and not shares_staging:
         staging_dir = staging.prepare_staging_dir(staging_dir)
         for path in staging.sweep(staging_dir):
             log.info("removed %s left by an earlier run", path)

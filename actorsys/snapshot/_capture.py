@@ -6,7 +6,7 @@ import copy
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -14,6 +14,9 @@ from actorsys._errors import ActorsysError
 from actorsys.snapshot import _conversions
 from actorsys.snapshot._pool import BufferLease
 from actorsys.snapshot._state import Source, aligned, plan_state, tensor_nbytes
+
+if TYPE_CHECKING:
+    from actorsys.snapshot._sharded import Handover, Sharding
 
 
 class WeightsReleasedError(ActorsysError, RuntimeError):
@@ -34,6 +37,11 @@ class CapturedWeights:
     reads memory already handed to another point: it sees ``WeightsReleasedError`` at its
     next chunk and stops.
     """
+
+    sharding: Sharding | None = None
+    """For a sharded model: ``tensors`` are this rank's shards, laid out as this says."""
+    handover: Handover | None = None
+    """For a sharded model on the evaluating rank: how its export meets the other ranks."""
 
     def __init__(
         self,
@@ -131,6 +139,7 @@ def capture(source: Source, *, buffers: BufferLease | None = None) -> CapturedWe
         tensors = _copy_into(plan.entries, lease.buffer()) if plan.entries else {}
         lease.prepare_spares()
         weights = CapturedWeights(tensors, nbytes=plan.nbytes, lease=lease)
+        weights.sharding = plan.sharding
         if plan.model is not None:
             _capture_model_files(plan.model, weights)
     except BaseException:

@@ -14,6 +14,7 @@ import re
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -36,6 +37,9 @@ class StatePlan:
     buffer_nbytes: int
     """Bytes of buffer the copy needs (``nbytes`` plus alignment)."""
     on_cuda: bool
+    sharding: Any = None
+    """A sharded model's layout (``_sharded.Sharding``): ``entries`` are then this rank's
+    local shards, ``nbytes`` the bytes of the whole snapshot."""
 
 
 def plan_state(source: Source) -> StatePlan:
@@ -45,12 +49,18 @@ def plan_state(source: Source) -> StatePlan:
     that cannot be written: a value that is not a tensor, a tensor on the meta device, a dtype
     safetensors cannot hold.
     """
+    from actorsys.snapshot import _sharded
+
     if isinstance(source, torch.nn.Module):
         module = unwrap(source)
+        if _sharded.holds_dtensors(module):
+            return _sharded.plan_sharded(module, {})
         model: torch.nn.Module | None = module
         state = dict(module.state_dict())
     else:
         model, state = None, dict(source)
+        if any(isinstance(t, _sharded.DTensor) for t in state.values()):
+            return _sharded.plan_sharded(None, state)
     for name, value in state.items():
         _check_entry(name, value)
     if model is not None:
