@@ -119,7 +119,8 @@ def run_rank(rank: int, world: int, init: str, out: str, case: str, steps: int) 
     ]
     with open(os.path.join(out, f"rank{rank}.json"), "w", encoding="utf-8") as f:
         json.dump(record, f)
-    dist.destroy_process_group()
+    if not case.startswith("kill"):
+        dist.destroy_process_group()  # with a peer dead, gloo would wait out its own timeout
 
 
 if __name__ == "__main__":

@@ -93,3 +93,32 @@ def test_snapshots_of_a_sharded_model_equal_save_pretrained_of_the_unsharded_one
         assert config["architectures"] == ["LlamaForCausalLM"]
     first, second = (snapshot_tensors(tmp_path / "hf" / f"step_{s}") for s in (1, 2))
     assert not torch.equal(first["model.embed_tokens.weight"], second["model.embed_tokens.weight"])
+
+
+@pytest.mark.timeout(150)
+def test_a_contributor_killed_mid_submit_skips_the_point_without_hanging_the_evaluator(
+    tmp_path: Path,
+) -> None:
+    records = run_job(tmp_path, world=2, case="kill-contributor", steps=1)
+    assert sorted(records) == [0]
+    evaluator = records[0]
+    assert evaluator["submits"] == {"1": True}
+    [outcome] = evaluator["outcomes"]
+    assert (outcome["status"], outcome["reason"]) == ("skipped", "export_failed")
+    assert "rank 1" in outcome["error"]
+    assert evaluator["drain"]["pending"] == []
+    assert evaluator["seconds"] < 60
+    assert not (tmp_path / "hf" / "step_1").exists()
+
+
+@pytest.mark.timeout(150)
+def test_a_dead_evaluating_rank_is_a_skip_on_the_others_after_the_collective_timeout(
+    tmp_path: Path,
+) -> None:
+    init = f"file://{tmp_path / 'store'}"
+    records = run_job(tmp_path, world=2, case="kill-evaluator", steps=2, init=init)
+    assert sorted(records) == [1]
+    contributor = records[1]
+    assert contributor["submits"] == {"1": True, "2": False}
+    assert contributor["outcomes"] == []
+    assert contributor["seconds"] < 60
