@@ -57,14 +57,14 @@ from actorsys.config import EvalConfig
 from actorsys.outcome import DrainReport, Outcome
 from actorsys.runtime import ThreadTracker, run_blocking
 from actorsys.sinks import Sink
-from actorsys.snapshot import BufferLease, BufferPool, CapturedWeights, plan_state
+from actorsys.snapshot import BufferLease, BufferPool, CapturedWeights, capture, plan_state
 from actorsys.snapshot._sharded import write_pieces
 
 log = logging.getLogger("actorsys")
 
 HEARTBEAT_SECONDS = 1.0
 POLL_FIRST_SECONDS = 0.0005
-POLL_MAX_SECONDS = 0.02
+POLL_MAX_SECONDS = 0.002
 CHECK_FILE_PREFIX = ".actorsys-ranks-"
 _opens = itertools.count()
 """The n-th collective supervisor a process opens meets the n-th of every other rank."""
@@ -413,69 +413,132 @@ class Contribution:
         self.tracker = tracker
         self._send, self._receive = trio.open_memory_channel[tuple[int, CapturedWeights]](math.inf)
         self._pending: dict[int, CapturedWeights] = {}
+        self._captured: dict[int, CapturedWeights] = {}
         self._changed = trio.Event()
         self._scope = trio.CancelScope()
         self._limiter = trio.CapacityLimiter(1)
         self.closed = False
 
     async def reserve(self, request: SubmitRequest) -> Reservation | None:
-        """This rank's part of a collective submit: the evaluating rank's decision, then a
-        buffer set for this rank's shards (if it holds any). None if not admitted.
+        """This rank's part of a collective submit: the evaluating rank's decision and, if
+        this rank holds shards, their copy. None if not admitted.
 
-        Waits for the decision as long as the evaluating rank is alive (under backpressure it
-        waits for a slot); a dead one is a skip after ``collective_timeout``. Raises
-        :class:`SubmitError` when the evaluating rank raised, or submitted another step.
+        The copy of the local shards runs in a worker thread while the decision is on its
+        way, when a buffer set is free (it is given back if the point is refused), so the
+        control message costs the trainer nothing beyond the copy; the caller's thread waits
+        for both. Waits for the decision as long as the evaluating rank is alive (under
+        backpressure it waits for a slot); a dead one is a skip after
+        ``collective_timeout``. Raises :class:`SubmitError` when the evaluating rank raised,
+        or submitted another step. The reservation returned holds no buffers: the copy is
+        done, and ``launch`` queues its write.
         """
         if self.closed:
             raise SupervisorClosedError("the supervisor is closed; it admits nothing more")
-        c = self.collective
-        try:
-            decision = await run_blocking(
-                c.wait_decision, abandon_on_cancel=True, limiter=trio.CapacityLimiter(1),
-                description=f"decision on step {request.step}", tracker=self.tracker,
-            )
-        except PeerGoneError as exc:
-            log.warning("step %s not admitted: %s", request.step, exc)
-            return None
-        step = request.step
-        if decision.step != step:
-            raise SubmitError(
-                step, f"the evaluating rank {c.eval_rank} submitted step {decision.step} here; "
-                "every rank submits the same steps in the same order",
-            )
-        if decision.error is not None:
-            raise SubmitError(step, f"refused by the evaluating rank {c.eval_rank}: {decision.error}")
-        if not decision.admitted:
-            return None
-        point = Point(step, Source.WEIGHTS)
-        source = request.weights_source
+        step, source = request.step, request.weights_source
+        plan, problem = None, None
         try:
             plan = None if source is None else plan_state(source)
         except (TypeError, ValueError) as exc:
-            await self._tell(step, f"{type(exc).__name__}: {exc}")
-            raise SubmitError(step, str(exc)) from exc
-        if plan is None or plan.sharding is None:
+            problem = exc
+        sharded = plan is not None and plan.sharding is not None
+        early = None
+        if sharded:
+            assert plan is not None
+            early = self.buffers.try_lease(plan.buffer_nbytes, pinned=plan.on_cuda)
+        copied: list[CapturedWeights | BaseException] = []
+        decision: Decision | None = None
+        try:
+            async with trio.open_nursery() as nursery:
+                if early is not None:
+                    nursery.start_soon(self._copy, source, early, copied)
+                decision = await self._decision(step)
+        except BaseException:
+            self._drop(copied)
+            raise
+        if decision is None or not decision.admitted or decision.error or decision.step != step:
+            self._drop(copied)
+            self._refused(step, decision)
+            return None
+        point = Point(step, Source.WEIGHTS)
+        if problem is not None:
+            await self._tell(step, f"{type(problem).__name__}: {problem}")
+            raise SubmitError(step, str(problem)) from problem
+        if not sharded:
             await self._tell(step, None)
             return Reservation(point, 0)
-        lease = await self._lease(plan.buffer_nbytes, plan.on_cuda)
-        if lease is None:
-            await self._tell(step, f"no free buffer set within {c.timeout:g} s")
-            return Reservation(point, 0)
-        return Reservation(point, plan.nbytes, lease)
+        assert plan is not None
+        if not copied:
+            lease = await self._lease(plan.buffer_nbytes, plan.on_cuda)
+            if lease is None:
+                await self._tell(step, f"no free buffer set within {self.collective.timeout:g} s")
+                return Reservation(point, 0)
+            await self._copy(source, lease, copied)
+        weights = copied[0]
+        if isinstance(weights, BaseException):
+            await self._tell(step, f"{type(weights).__name__}: {weights}")
+            raise SubmitError(step, str(weights)) from weights
+        self._captured[step] = weights
+        return Reservation(point, plan.nbytes)
 
     def launch(self, reservation: Reservation, weights: CapturedWeights | None) -> bool:
-        """Queue the write of this rank's shards. Never blocks."""
-        if weights is not None:
-            step = reservation.point.step
-            self._pending[step] = weights
-            self._send.send_nowait((step, weights))
+        """Queue the write of this rank's shards (copied at reserve). Never blocks."""
+        step = reservation.point.step
+        captured = self._captured.pop(step, None)
+        if captured is not None:
+            self._pending[step] = captured
+            self._send.send_nowait((step, captured))
         return True
 
     def release(self, reservation: Reservation) -> None:
-        if reservation.buffers is not None:
-            reservation.buffers.give_back()
         step = reservation.point.step
-        self._spawn_tell(step, "the copy on this rank failed")
+        captured = self._captured.pop(step, None)
+        if captured is not None:
+            captured.release()
+        self._spawn_tell(step, "the submit on this rank was given up")
+
+    async def _decision(self, step: int) -> Decision | None:
+        try:
+            return await run_blocking(
+                self.collective.wait_decision, abandon_on_cancel=True,
+                limiter=trio.CapacityLimiter(1), description=f"decision on step {step}",
+                tracker=self.tracker,
+            )
+        except PeerGoneError as exc:
+            log.warning("step %s not admitted: %s", step, exc)
+            return None
+
+    def _refused(self, step: int, decision: Decision | None) -> None:
+        """Not admitted here: raise if the evaluating rank raised or submitted another step;
+        a refusal (or a dead evaluating rank) returns."""
+        if decision is None or (decision.error is None and decision.step == step):
+            return
+        eval_rank = self.collective.eval_rank
+        if decision.step != step:
+            raise SubmitError(
+                step, f"the evaluating rank {eval_rank} submitted step {decision.step} here; "
+                "every rank submits the same steps in the same order",
+            )
+        raise SubmitError(step, f"refused by the evaluating rank {eval_rank}: {decision.error}")
+
+    async def _copy(
+        self, source: Any, lease: BufferLease, copied: list[CapturedWeights | BaseException]
+    ) -> None:
+        """Copy this rank's shards into ``lease`` in a worker thread, waited for even when
+        cancelled (the buffer is written until it returns)."""
+        try:
+            copied.append(await run_blocking(
+                lambda: capture(source, buffers=lease), abandon_on_cancel=False,
+                limiter=trio.CapacityLimiter(1), description="copy of the local shards",
+                tracker=self.tracker,
+            ))
+        except Exception as exc:
+            copied.append(exc)
+
+    @staticmethod
+    def _drop(copied: list[CapturedWeights | BaseException]) -> None:
+        for weights in copied:
+            if isinstance(weights, CapturedWeights):
+                weights.release()
 
     async def run(self) -> None:
         with self._scope:
