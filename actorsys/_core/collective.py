@@ -57,8 +57,8 @@ from actorsys.config import EvalConfig
 from actorsys.outcome import DrainReport, Outcome
 from actorsys.runtime import ThreadTracker, run_blocking
 from actorsys.sinks import Sink
-from actorsys.snapshot import BufferLease, BufferPool, CapturedWeights, capture, plan_state
-from actorsys.snapshot._sharded import write_pieces
+from actorsys.snapshot import BufferLease, BufferPool, CapturedWeights, StatePlan, plan_state
+from actorsys.snapshot._sharded import capture_shards, write_pieces
 
 log = logging.getLogger("actorsys")
 
@@ -450,7 +450,8 @@ class Contribution:
         try:
             async with trio.open_nursery() as nursery:
                 if early is not None:
-                    nursery.start_soon(self._copy, source, early, copied)
+                    assert plan is not None
+                    nursery.start_soon(self._copy, plan, early, copied)
                 decision = await self._decision(step)
         except BaseException:
             self._drop(copied)
@@ -472,7 +473,7 @@ class Contribution:
             if lease is None:
                 await self._tell(step, f"no free buffer set within {self.collective.timeout:g} s")
                 return Reservation(point, 0)
-            await self._copy(source, lease, copied)
+            await self._copy(plan, lease, copied)
         weights = copied[0]
         if isinstance(weights, BaseException):
             await self._tell(step, f"{type(weights).__name__}: {weights}")
@@ -521,13 +522,13 @@ class Contribution:
         raise SubmitError(step, f"refused by the evaluating rank {eval_rank}: {decision.error}")
 
     async def _copy(
-        self, source: Any, lease: BufferLease, copied: list[CapturedWeights | BaseException]
+        self, plan: StatePlan, lease: BufferLease, copied: list[CapturedWeights | BaseException]
     ) -> None:
         """Copy this rank's shards into ``lease`` in a worker thread, waited for even when
         cancelled (the buffer is written until it returns)."""
         try:
             copied.append(await run_blocking(
-                lambda: capture(source, buffers=lease), abandon_on_cancel=False,
+                lambda: capture_shards(plan, lease), abandon_on_cancel=False,
                 limiter=trio.CapacityLimiter(1), description="copy of the local shards",
                 tracker=self.tracker,
             ))

@@ -47,6 +47,7 @@ from actorsys.snapshot._state import StatePlan, _check_entry, _tied_patterns, al
 
 if TYPE_CHECKING:
     from actorsys.snapshot._capture import CapturedWeights
+    from actorsys.snapshot._pool import BufferLease
 
 SUPPORTED = (
     "DTensor parameters placed Shard(dim) or Replicate on their device mesh "
@@ -200,6 +201,28 @@ def _piece(name: str, value: torch.Tensor) -> tuple[Piece, torch.Tensor]:
     )
     writer: Writer = "self" if replica else "other"
     return Piece(value.dtype, shape, tuple(local_shape), tuple(offset), writer), local
+
+
+def capture_shards(plan: StatePlan, lease: BufferLease) -> CapturedWeights:
+    """On a rank that only contributes its shards: copy ``plan``'s local shards into
+    ``lease`` (blocking for the copy), without the model files the evaluating rank takes
+    (config, generation config), which a contributor never writes. Gives the lease back on
+    any error."""
+    from actorsys.snapshot._capture import CapturedWeights, _copy_into
+
+    try:
+        if plan.buffer_nbytes > lease.nbytes:
+            raise ValueError(
+                f"the shards need {plan.buffer_nbytes} bytes of buffer, the lease holds {lease.nbytes}"
+            )
+        tensors = _copy_into(plan.entries, lease.buffer()) if plan.entries else {}
+        lease.prepare_spares()
+        weights = CapturedWeights(tensors, nbytes=plan.nbytes, lease=lease)
+        weights.sharding = plan.sharding
+    except BaseException:
+        lease.give_back()
+        raise
+    return weights
 
 
 @functools.lru_cache(maxsize=4096)
