@@ -34,6 +34,9 @@ One root, a flat set of precise meanings; each error carries its context as attr
     │                           match the served model: ``path``
     ├── FleetStartError         (also a RuntimeError; fleet.local) an engine of a local fleet
     │                           did not come up
+    ├── PeerGoneError           (_core.collective) another rank of a torch.distributed job
+    │                           did not answer within ``collective_timeout``; settles a point
+    │                           as a skip, never raised to the trainer
     └── WeightsReleasedError    (also a RuntimeError; snapshot) captured weights were read
                                 after their release
 

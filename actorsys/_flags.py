@@ -79,6 +79,9 @@ FLAGS = (
     Flag("--eval-probe", "probe", on_off, "on|off",
          "after a pin, check that every engine computes what the snapshot computes, not only "
          "that it reports its version"),
+    Flag("--eval-rank", "eval_rank", int, "RANK",
+         "in a torch.distributed job, the rank that pins, evaluates and records (the others "
+         "hand over their weight shards)"),
 )
 
 

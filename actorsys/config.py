@@ -54,6 +54,11 @@ class EvalConfig:
       must agree with what the snapshot computes (see :mod:`actorsys.fleet.probe`); an engine
       serving other weights is ``pin_violation``. Where no probe can be had (an engine with no
       completion endpoint, a snapshot without a config) the pin checks the version only.
+    - ``eval_rank``: in a ``torch.distributed`` job of several ranks, the rank whose supervisor
+      pins, evaluates and records; every rank opens one with the same config and submits the
+      same steps (collective), the others only hand over their weight shards.
+    - ``collective_timeout``: seconds one rank waits for another (at open, for an admission
+      decision, for shards) before it gives up: an error at open, a skipped point later.
     """
 
     hf_dir: str | os.PathLike[str] | None = None
@@ -71,6 +76,8 @@ class EvalConfig:
     restart_period: float = 60.0
     max_shard_size: int = 5 * 1000**3
     probe: bool = True
+    eval_rank: int = 0
+    collective_timeout: float = 300.0
 
     def __post_init__(self) -> None:
         for name in ("hf_dir", "base_checkpoint"):
@@ -94,9 +101,10 @@ class EvalConfig:
         _require_int("pin_retries", self.pin_retries, minimum=0)
         _require_int("max_restarts", self.max_restarts, minimum=0)
         _require_int("max_shard_size", self.max_shard_size, minimum=1)
+        _require_int("eval_rank", self.eval_rank, minimum=0)
         for name in ("export_timeout", "eval_timeout"):
             require_seconds(name, getattr(self, name), optional=True)
-        for name in ("pin_timeout", "close_timeout", "restart_period"):
+        for name in ("pin_timeout", "close_timeout", "restart_period", "collective_timeout"):
             require_seconds(name, getattr(self, name))
 
     @classmethod

@@ -22,7 +22,7 @@ from actorsys.outcome import CloseReport, DrainReport, SupervisorStatistics
 from actorsys.sinks import Sink
 from actorsys.sinks_fanout import as_sink
 from actorsys.snapshot import CapturedWeights, PoolStatistics
-from actorsys.supervisor import Reservation, SubmitRequest
+from actorsys.supervisor import Reservation, SubmitRequest, is_collective_job
 from bridge._budgets import trio_share
 from bridge._calls import Call, answer
 from bridge._thread import Command, TrioThread
@@ -70,7 +70,8 @@ class Runtime:
         require_seconds("timeout", timeout, optional=True, allow_zero=True)
         if timeout is not None:
             return timeout
-        if self.config.overflow == "skip" and not force:
+        if self.config.overflow == "skip" and not force and not is_collective_job():
+            # A collective submit waits for the evaluating rank's answer (bounded there).
             return self.handoff_timeout
         return None
 
@@ -114,7 +115,8 @@ class Runtime:
         if reservation is None:
             return False
         try:
-            weights = None if weights_source is None else copy_weights(reservation, weights_source)
+            copies = weights_source is not None and reservation.buffers is not None
+            weights = copy_weights(reservation, weights_source) if copies else None
         except BaseException:
             self.release(reservation)
             raise

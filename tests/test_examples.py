@@ -32,3 +32,22 @@ def test_example_evaluates_every_k_steps_and_exits_cleanly(script: str, tmp_path
     assert outcomes[30]["weight_version"] == "30"
     assert report["close"]["clean"]
     assert sorted(p.name for p in (tmp_path / "staging").iterdir()) == ["step_30"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_fsdp_example_evaluates_the_sharded_model_on_the_evaluating_rank(tmp_path: Path) -> None:
+    results = tmp_path / "results.json"
+    run = subprocess.run(
+        [sys.executable, str(EXAMPLES / "train_fsdp.py"), "--steps", "20", "--eval-every", "10",
+         "--workdir", str(tmp_path), "--eval-keep-snapshots", "1", "--results", str(results)],
+        capture_output=True, text=True, timeout=410,
+    )
+    assert run.returncode == 0, run.stderr
+    report = json.loads(results.read_text())
+    outcomes = {o["step"]: o for o in report["outcomes"]}
+    assert sorted(outcomes) == [10, 20]
+    assert all(o["status"] == "ok" for o in outcomes.values())
+    assert outcomes[20]["metrics"]["eval/loss"] < outcomes[10]["metrics"]["eval/loss"]
+    assert report["close"]["clean"]
+    assert sorted(p.name for p in (tmp_path / "staging").iterdir()) == ["step_20"]

@@ -28,6 +28,7 @@ import trio
 
 from actorsys._core import close as _close
 from actorsys._core.admission import Reservation
+from actorsys._core.collective import Collective, Contribution, decide
 from actorsys._core.staging_claim import StagingClaim, open_staging
 from actorsys._core.submit import SubmitArguments, SubmitRequest
 from actorsys._core.wiring import Wiring, check_collaborators, wire
@@ -64,6 +65,8 @@ class EvalSupervisor:
         self.eval_fn = eval_fn
         self._wiring: Wiring | None = None
         self._closer = _close.Closer()
+        self._collective: Collective | None = None
+        self._contribution: Contribution | None = None
 
     @classmethod
     @asynccontextmanager
@@ -83,16 +86,25 @@ class EvalSupervisor:
         At start, in a worker thread, the staging dir is claimed (an OS lock, released when
         the block is left) and the tmp directories an earlier crashed run left there are
         removed (:mod:`actorsys._core.staging_claim`).
+
+        In a ``torch.distributed`` job of several ranks the open is collective (see
+        :mod:`actorsys._core.collective`): it returns once every rank opened, and raises
+        :class:`~actorsys.ConfigError` on every rank if one of them does not see ``hf_dir``.
+        Only the evaluating rank claims the staging dir; the other ranks write their shards
+        into it without taking its lock or sweeping it.
         """
         sup = cls(config, eval_fn=eval_fn, fleet=fleet, sink=sink)
         tracker = ThreadTracker()
+        await sup._join_collective(tracker)
         claim = None
-        if config.staging_dir is not None:
-            claim = await open_staging(config.staging_dir, tracker)
         try:
+            if config.staging_dir is not None:
+                claim = await open_staging(config.staging_dir, tracker, lock=not sup._contributing)
             async with sup._run(claim, tracker):
                 yield sup
         finally:
+            if sup._collective is not None and sup._wiring is None:
+                sup._collective.close()
             if claim is not None:
                 with trio.CancelScope(shield=True):
                     await run_blocking(
@@ -103,6 +115,11 @@ class EvalSupervisor:
                         tracker=tracker,
                     )
 
+    @property
+    def _contributing(self) -> bool:
+        """This rank only hands over its shards: another rank's supervisor evaluates."""
+        return self._collective is not None and not self._collective.evaluating
+
     @asynccontextmanager
     async def _run(self, claim: StagingClaim | None, tracker: ThreadTracker) -> AsyncIterator[None]:
         wiring = self._wire(claim, tracker)
@@ -110,6 +127,8 @@ class EvalSupervisor:
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(wiring.actors.run)
+                if self._contribution is not None:
+                    nursery.start_soon(self._contribution.run)
                 try:
                     yield
                 except BaseException as exc:
@@ -135,7 +154,24 @@ class EvalSupervisor:
             staging_dir=None if claim is None else claim.path,
             tracker=tracker,
         )
+        if self._contributing:
+            assert self._collective is not None
+            self._contribution = Contribution(
+                self._collective, self._wiring.buffers, self._wiring.tracker
+            )
         return self._wiring
+
+    async def _join_collective(self, tracker: ThreadTracker) -> None:
+        """Meet the other ranks' supervisors, in a worker thread (bounded by
+        ``collective_timeout``), when this process is one rank of several."""
+        collective = await run_blocking(
+            lambda: Collective.join(self.config), abandon_on_cancel=True,
+            limiter=trio.CapacityLimiter(1), description="meeting the other ranks",
+            tracker=tracker,
+        )
+        if collective is not None and collective.evaluating:
+            self.sink = collective.observe(self.sink)
+        self._collective = collective
 
     def _running(self) -> Wiring:
         if self._wiring is None:
@@ -192,7 +228,7 @@ class EvalSupervisor:
             await trio.lowlevel.cancel_shielded_checkpoint()
             return False
         weights = None
-        if request.weights_source is not None:
+        if request.weights_source is not None and reservation.buffers is not None:
             try:
                 weights = capture(
                     request.weights_source, buffers=reservation.buffers, plan=reservation.plan
@@ -211,9 +247,15 @@ class EvalSupervisor:
         Returns a :class:`Reservation` to ``launch`` once the weights are copied with
         ``capture(request.weights_source, buffers=reservation.buffers)`` (or to ``release``),
         or None if the point settled at once. For hosts that copy the weights in their own
-        thread (the bridge); ``submit`` is reserve + copy + launch.
+        thread (the bridge); ``submit`` is reserve + copy + launch. A reservation without
+        ``buffers`` needs no copy (a rank of a collective submit that holds no shards).
         """
-        return await self._running().admission.reserve(request)
+        admission = self._running().admission
+        if self._contribution is not None:
+            return await self._contribution.reserve(request)
+        if self._collective is not None:
+            return await decide(self._collective, admission.reserve, request)
+        return await admission.reserve(request)
 
     def launch(self, reservation: Reservation, weights: CapturedWeights | None) -> bool:
         """Start a reserved point down the pipeline with its copied ``weights``.
@@ -221,11 +263,19 @@ class EvalSupervisor:
         If the supervisor closed or gave up since the reservation, the point settles
         ``closed`` / ``crashed`` instead and this returns False.
         """
+        if self._contribution is not None:
+            return self._contribution.launch(reservation, weights)
+        if self._collective is not None and weights is not None and weights.sharding is not None:
+            weights.handover = self._collective.handover(reservation.point.step)
         return self._running().admission.launch(reservation, weights)
 
     def release(self, reservation: Reservation) -> None:
         """Give back a reservation that will not be launched; the step may be submitted again."""
+        if self._contribution is not None:
+            return self._contribution.release(reservation)
         self._running().admission.release(reservation)
+        if self._collective is not None:
+            self._collective.settled(reservation.point.step)
 
     def note_step(self, step: int) -> None:
         """Tell the supervisor the trainer's current step (for ``eval/lag_steps``)."""
@@ -251,6 +301,8 @@ class EvalSupervisor:
         if self._wiring is None:
             await trio.lowlevel.checkpoint()
             return DrainReport(settled=[], pending=[])
+        if self._contribution is not None:
+            return await self._contribution.drain(timeout)
         return await _close.drain(self._wiring, timeout)
 
     async def aclose(
@@ -269,7 +321,29 @@ class EvalSupervisor:
         if self._wiring is None:
             return CloseReport(clean=True, abandoned=[], stuck_threads=[])
         budget = self.config.close_timeout if timeout is None else timeout
-        return await self._closer.close_once(self._wiring, self.eval_fn, budget, drain)
+        if self._contribution is not None:
+            return await self._close_contribution(self._contribution, budget, drain)
+        report = await self._closer.close_once(self._wiring, self.eval_fn, budget, drain)
+        if self._collective is not None:
+            self._collective.close()
+        return report
+
+    async def _close_contribution(
+        self, contribution: Contribution, budget: float, drain: bool
+    ) -> CloseReport:
+        """A contributing rank: its shard writes get the budget but a reserve, then the
+        (idle) pipeline closes."""
+        deadline = trio.current_time() + budget
+        share = budget * (1 - _close.CLOSE_RESERVE_FRACTION) if drain else 0.0
+        abandoned = await contribution.aclose(share)
+        rest = max(0.0, deadline - trio.current_time())
+        assert self._wiring is not None
+        report = await self._closer.close_once(self._wiring, self.eval_fn, rest, drain)
+        return CloseReport(
+            clean=report.clean and not abandoned,
+            abandoned=sorted({*report.abandoned, *abandoned}),
+            stuck_threads=report.stuck_threads,
+        )
 
     # -- introspection -----------------------------------------------------------------------
 

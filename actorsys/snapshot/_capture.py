@@ -6,7 +6,7 @@ import copy
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -16,6 +16,9 @@ from actorsys.snapshot._adapters import assemble
 from actorsys.snapshot._kept import KeptBase
 from actorsys.snapshot._pool import BufferLease
 from actorsys.snapshot._state import Source, StatePlan, aligned, plan_state, tensor_nbytes
+
+if TYPE_CHECKING:
+    from actorsys.snapshot._sharded import Handover, Sharding
 
 
 class WeightsReleasedError(ActorsysError, RuntimeError):
@@ -39,6 +42,11 @@ class CapturedWeights:
     reads memory already handed to another point: it sees ``WeightsReleasedError`` at its
     next chunk and stops.
     """
+
+    sharding: Sharding | None = None
+    """For a sharded model: ``tensors`` are this rank's shards, laid out as this says."""
+    handover: Handover | None = None
+    """For a sharded model on the evaluating rank: how its export meets the other ranks."""
 
     def __init__(
         self,
@@ -166,6 +174,7 @@ def capture(
                 outputs, nbytes=plan.nbytes, lease=lease, finish=merge, on_give_back=let_go,
                 num_parameters=plan.adapters.num_parameters,
             )
+        weights.sharding = plan.sharding
         if plan.model is not None:
             _capture_model_files(plan.model, weights, count_parameters=plan.adapters is None)
     except BaseException:

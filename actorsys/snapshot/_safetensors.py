@@ -60,22 +60,12 @@ def write_file(
     """
     if sys.byteorder != "little":
         raise RuntimeError("safetensors files are little-endian; this host is big-endian")
-    ordered = sorted(tensors.items(), key=lambda item: (-_RANK[item[1].dtype], item[0]))
-    header: dict[str, object] = {"__metadata__": dict(metadata)}
-    offset = 0
-    for name, tensor in ordered:
-        end = offset + tensor.numel() * tensor.element_size()
-        header[name] = {
-            "dtype": DTYPE_NAMES[tensor.dtype],
-            "shape": list(tensor.shape),
-            "data_offsets": [offset, end],
-        }
-        offset = end
-    encoded = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    encoded += b" " * (-len(encoded) % 8)
+    head, offsets = file_header(
+        {name: (t.dtype, tuple(t.shape)) for name, t in tensors.items()}, metadata
+    )
+    ordered = sorted(tensors.items(), key=lambda item: offsets[item[0]])
     with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(encoded)))
-        f.write(encoded)
+        f.write(head)
         for _, tensor in ordered:
             data = raw_bytes(tensor)
             for start in range(0, len(data), CHUNK_BYTES):
@@ -84,6 +74,30 @@ def write_file(
         check()
         f.flush()
         os.fsync(f.fileno())
+
+
+def file_header(
+    specs: Mapping[str, tuple[torch.dtype, tuple[int, ...]]], metadata: Mapping[str, str]
+) -> tuple[bytes, dict[str, int]]:
+    """The first bytes of a safetensors file holding tensors of these ``(dtype, shape)``: the
+    length prefix and the padded JSON header; and where each tensor's data starts, counted
+    from the end of those bytes. The layout depends on the specs alone, so every rank of a
+    sharded job computes the same one."""
+    ordered = sorted(specs.items(), key=lambda item: (-_RANK[item[1][0]], item[0]))
+    header: dict[str, object] = {"__metadata__": dict(metadata)}
+    starts: dict[str, int] = {}
+    offset = 0
+    for name, (dtype, shape) in ordered:
+        numel = 1
+        for size in shape:
+            numel *= size
+        end = offset + numel * dtype.itemsize
+        header[name] = {"dtype": DTYPE_NAMES[dtype], "shape": list(shape), "data_offsets": [offset, end]}
+        starts[name] = offset
+        offset = end
+    encoded = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    encoded += b" " * (-len(encoded) % 8)
+    return struct.pack("<Q", len(encoded)) + encoded, starts
 
 
 def raw_bytes(tensor: torch.Tensor) -> np.ndarray:

@@ -14,7 +14,7 @@ import re
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -44,6 +44,9 @@ class StatePlan:
     adapters: AdapterPlan | None = None
     """For a peft model: how the checkpoint's tensors are assembled from ``entries`` (what
     trains), the kept frozen base and merges run in the export thread (see ``_adapters``)."""
+    sharding: Any = None
+    """A sharded model's layout (``_sharded.Sharding``): ``entries`` are then this rank's
+    local shards, ``nbytes`` the bytes of the whole snapshot."""
 
 
 def plan_state(source: Source) -> StatePlan:
@@ -54,16 +57,23 @@ def plan_state(source: Source) -> StatePlan:
     safetensors cannot hold; :class:`~actorsys.UnsupportedModelError` for a model in a form
     that cannot be copied (see ``_forms``).
     """
+    from actorsys.snapshot import _sharded
+
     if isinstance(source, torch.nn.Module):
         module = unwrap(source)
-        if model_form(module) is ModelForm.ADAPTERS:
+        form = model_form(module)
+        if form is ModelForm.ADAPTERS:
             from actorsys.snapshot._adapters import plan_adapters  # it builds on this module
 
             return plan_adapters(module)
+        if form is ModelForm.SHARDED:
+            return _sharded.plan_sharded(module, {})
         model: torch.nn.Module | None = module
         state = {compiled_key(name): t for name, t in module.state_dict().items()}
     else:
         model, state = None, dict(source)
+        if any(isinstance(t, _sharded.DTensor) for t in state.values()):
+            return _sharded.plan_sharded(None, state)
     for name, value in state.items():
         _check_entry(name, value)
     if model is not None:

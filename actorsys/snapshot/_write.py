@@ -48,7 +48,15 @@ def write_snapshot(
     """
     try:
         with weights.reading():
-            _write(weights, directory, base_checkpoint, max_shard_size)
+            if weights.sharding is not None:
+                from actorsys.snapshot._sharded import write_sharded_snapshot
+
+                write_sharded_snapshot(
+                    weights, directory, base_checkpoint=base_checkpoint,
+                    max_shard_size=max_shard_size,
+                )
+            else:
+                _write(weights, directory, base_checkpoint, max_shard_size)
     except WeightsReleasedError:
         shutil.rmtree(directory, ignore_errors=True)
         raise
