@@ -40,12 +40,14 @@ from actorsys.evals.datasets import EvalDataset
 from actorsys.evals.sampling import check_datasets, check_limits, evaluate_datasets
 from actorsys.fleet._http import check_url
 from actorsys.fleet._process import ManagedProcess, spawn
+from actorsys.fleet.embedded import API_KEY_ENV as ENGINE_API_KEY_ENV
 from actorsys.fleet.engine import CheckpointRejectedError, EngineUnhealthyError, Fleet
 from actorsys.fleet.flavor import FLAVORS, Flavor, engine_of_flavor
-from actorsys.fleet.local import free_port
+from actorsys.fleet.local import free_port, new_api_key, on_host
 from actorsys.fleet.sglang import SGLangEngine
 from actorsys.fleet.vllm import RELOAD, TIED_RELOAD, VLLMEngine
-from actorsys.fleet.vllm_worker import EXTENSION_CLASS, WORKER_DIR
+from actorsys.fleet.vllm_worker import API_KEY_MIDDLEWARE, EXTENSION_CLASS, WORKER_DIR
+from actorsys.fleet.vllm_worker.actorsys_api_key import KEY_ENV as VLLM_API_KEY_ENV
 
 log = logging.getLogger("actorsys.evals")
 
@@ -64,7 +66,9 @@ class ServerEvalFn(CheckpointEvalFn):
     server also gets actorsys' worker extension, so that models with tied embeddings reload
     correctly, unless the argv names a ``--worker-extension-cls`` of its own) is given.
     ``flavor``: ``"vllm"``, ``"sglang"`` (also the embedded engine) or ``"auto"`` (probed at
-    the first evaluation). ``api_key`` is sent as a bearer token. ``concurrency``,
+    the first evaluation). ``api_key`` is sent as a bearer token; a launched server listens
+    on 127.0.0.1 (its argv's ``--host`` is replaced) and requires a key, ``api_key`` or a
+    random one, handed over in ``ACTORSYS_API_KEY`` and ``VLLM_API_KEY``. ``concurrency``,
     ``request_timeout`` and ``retries`` bound the sampling requests as for
     :class:`DatasetEval`. Bad arguments raise :class:`~actorsys.ConfigError` at construction;
     nothing is started before the first evaluation.
@@ -208,10 +212,16 @@ class ServerEvalFn(CheckpointEvalFn):
     def _start(self) -> None:
         assert self.launch is not None
         port = free_port()
-        argv = [arg.replace("{port}", str(port)) for arg in self.launch]
-        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+        # The server listens on loopback only, and takes a key (through its environment,
+        # which other users cannot read): ours and vLLM's read it from there.
+        argv = on_host([arg.replace("{port}", str(port)) for arg in self.launch], "127.0.0.1")
+        self.api_key = self.api_key or _argv_key(self.launch) or new_api_key()
+        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", ENGINE_API_KEY_ENV: self.api_key,
+               VLLM_API_KEY_ENV: self.api_key}
         if self.tied_reload:
             argv += ["--worker-extension-cls", EXTENSION_CLASS]
+        if self.flavor != "sglang" and any("vllm" in arg for arg in self.launch):
+            argv += ["--middleware", API_KEY_MIDDLEWARE]
             env["PYTHONPATH"] = os.pathsep.join(p for p in (WORKER_DIR, env.get("PYTHONPATH")) if p)
         handle, self.log_path = tempfile.mkstemp(prefix="actorsys-eval-server-", suffix=".log")
         os.close(handle)
@@ -310,6 +320,16 @@ async def _until_ok(call: Callable[[], Awaitable[T]]) -> T:
             log.debug("eval server not ready: %s", exc)
         await trio.sleep(delay)
         delay = min(delay * 2, POLL_MAX_DELAY)
+
+
+def _argv_key(argv: Sequence[str]) -> str | None:
+    """The value of ``--api-key`` in ``argv`` (the key a server launched with it requires)."""
+    for index, arg in enumerate(argv):
+        if arg.startswith("--api-key="):
+            return arg.partition("=")[2] or None
+        if arg == "--api-key" and index + 1 < len(argv):
+            return argv[index + 1]
+    return None
 
 
 def _remove(path: str) -> None:
