@@ -25,6 +25,9 @@ One root, a flat set of precise meanings; each error carries its context as attr
     │                           match the served model: ``path``
     ├── FleetStartError         (also a RuntimeError; fleet.local) an engine of a local fleet
     │                           did not come up
+    ├── BadRequest              (also a ValueError; fleet.embedded) a request the embedded
+    │   │                         engine refuses, HTTP ``status`` 400; the message names the field
+    │   └── BodyTooLarge          a body over the engine's limit, HTTP 413
     └── WeightsReleasedError    (also a RuntimeError; snapshot) captured weights were read
                                 after their release
 

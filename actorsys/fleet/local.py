@@ -6,7 +6,9 @@ Example::
         async with EvalSupervisor.open(config, eval_fn=MyEval(), fleet=local.fleet) as sup:
             ...
 
-Each engine gets a free port and a log file, and is up once ``GET /health`` answers 200.
+Each engine gets a free port and a log file, and is up once ``GET /health`` answers 200. The
+fleet makes a random key (``api_key``), hands it to every engine through its environment and
+gives it to their clients: an engine answers nothing but ``/health`` without it.
 Every process runs under a reaper in its own process group (see ``_process``), so leaving the
 block, a cancellation, or the owner's crash stops them all: SIGTERM, then SIGKILL after
 ``grace`` seconds.

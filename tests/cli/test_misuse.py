@@ -4,6 +4,7 @@ a metrics file's unreadable lines are skipped with a warning naming the file and
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,17 @@ def test_engine_on_another_address_without_a_key_is_refused(
     assert "--host" in err and "--api-key" in err
     assert main(["engine", "--model", str(model_dir), "--port", "0", "--api-key", ""]) == 2
     assert "--api-key" in one_line_error(capsys)
+
+
+def test_engine_on_a_taken_port_is_one_line_exit_2(
+    model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = str(taken.getsockname()[1])
+        assert main(["engine", "--model", str(model_dir), "--port", port]) == 2
+    assert "--port" in one_line_error(capsys)
 
 
 def test_report_png_in_a_missing_directory_is_one_line_exit_2(

@@ -109,6 +109,11 @@ def run_engine(args: argparse.Namespace) -> int:
     if api_key is None and not _is_loopback(args.host):
         return _usage(f"argument --host: {args.host} is reachable from other hosts; pass "
                       f"--api-key (or set {API_KEY_ENV}), or bind 127.0.0.1")
+    try:
+        sock = listening_socket(args.host, args.port)
+    except OSError as exc:
+        return _usage(f"argument --port: cannot listen on {args.host}:{args.port}: "
+                      f"{exc.strerror or exc}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -116,8 +121,7 @@ def run_engine(args: argparse.Namespace) -> int:
         partial(
             serve_engine,
             args.model,
-            args.host,
-            args.port,
+            sock,
             max_batch=args.max_batch,
             require_complete=args.require_complete,
             served_model_name=args.served_model_name,
@@ -131,10 +135,23 @@ def run_engine(args: argparse.Namespace) -> int:
     return 0
 
 
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` and listening; raises ``OSError`` (the port is
+    taken, the address is not this machine's)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 async def serve_engine(
     model_dir: str,
-    host: str,
-    port: int,
+    sock: socket.socket,
     *,
     max_batch: int = 16,
     require_complete: bool = False,
@@ -147,14 +164,12 @@ async def serve_engine(
     """Load the model, then serve it on asyncio until SIGTERM or SIGINT (after which requests
     in flight get a second to finish).
 
-    The listening socket is bound before the model loads, so a port clash fails at once;
-    connections made while the model loads are answered once it is in memory.
+    ``sock`` listens already (see :func:`listening_socket`): it is bound before the model
+    loads, so a port clash fails at once; connections made while the model loads are
+    answered once it is in memory.
     """
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(128)
-    url = f"http://{host}:{sock.getsockname()[1]}"
+    host, port = sock.getsockname()[:2]
+    url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
     model_host = await anyio.to_thread.run_sync(
         lambda: ModelHost(
             model_dir, keep_old_weights=keep_old_weights, label_kept_weights=label_kept_weights
