@@ -175,6 +175,9 @@ async def serve_engine(
             model_dir, keep_old_weights=keep_old_weights, label_kept_weights=label_kept_weights
         )
     )
+    # The first encode settles the tokenizer's truncation and padding state (a write); the
+    # ones after it only read, so requests may be tokenized in several threads at once.
+    await anyio.to_thread.run_sync(model_host.encode, "warm-up")
     engine = EmbeddedEngine(
         model_host,
         max_batch=max_batch,

@@ -60,6 +60,7 @@ from actorsys.fleet.vllm_worker.actorsys_api_key import ApiKeyMiddleware
 log = logging.getLogger("actorsys.engine")
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
+PARSE_THREADS = 4
 T = TypeVar("T")
 
 
@@ -101,9 +102,10 @@ class EmbeddedEngine:
         self.max_body_bytes = max_body_bytes
         self.lock = anyio.Lock()
         self._send, self._receive = anyio.create_memory_object_stream[_Job](math.inf)
-        # The tokenizer is used from one thread at a time (a Rust tokenizer shared across
-        # threads may refuse a call with "Already borrowed").
-        self._parse_limiter = anyio.CapacityLimiter(1)
+        # A few bodies are parsed at once, so that one huge prompt does not hold up the rest.
+        # Encoding borrows the Rust tokenizer immutably (nothing here changes its truncation
+        # or padding), so concurrent encodes are safe.
+        self._parse_limiter = anyio.CapacityLimiter(PARSE_THREADS)
 
     def close(self) -> None:
         """Let ``run`` return once the queued jobs are done; no job can be queued after."""
