@@ -37,6 +37,9 @@ One root, a flat set of precise meanings; each error carries its context as attr
     ├── PeerGoneError           (_core.collective) another rank of a torch.distributed job
     │                           did not answer within ``collective_timeout``; settles a point
     │                           as a skip, never raised to the trainer
+    ├── BadRequest              (also a ValueError; fleet.embedded) a request the embedded
+    │   │                         engine refuses, HTTP ``status`` 400; the message names the field
+    │   └── BodyTooLarge          a body over the engine's limit, HTTP 413
     └── WeightsReleasedError    (also a RuntimeError; snapshot) captured weights were read
                                 after their release
 

@@ -22,6 +22,8 @@ from typing import Any
 from actorsys._errors import ConfigError
 
 ROLLOUT_ID = "{rollout_id}"
+EXIT_USAGE = 2
+"""The exit status of a command given a bad argument (argparse's own)."""
 
 
 @dataclass(frozen=True)
@@ -140,4 +142,19 @@ def _checked(flag: Flag, config_cls: type[Any]) -> Callable[[str], Any]:
             raise argparse.ArgumentTypeError(str(exc)) from exc
         return value
 
+    return parse
+
+
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse ``type``: an integer of at least ``minimum``, else a one-line error."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"
     return parse

@@ -1,7 +1,8 @@
 """Reading a metrics file: one JSON object a line, as ``JsonlSink`` and ``watch`` write it.
 
-A line that is not JSON (the torn last line of a run that was killed) is skipped with a
-warning, never fatal.
+A line that is not a metrics record (the torn last line of a run that was killed, another
+JSON value, JSON nested too deeply to parse) is skipped with a warning naming the file and the
+line, never fatal.
 """
 
 from __future__ import annotations
@@ -37,12 +38,12 @@ class Point:
 def read_points(path: str | os.PathLike[str]) -> list[Point]:
     """Every point of the file at ``path``, in file order."""
     points: list[Point] = []
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8", errors="replace") as f:
         for number, line in enumerate(f, start=1):
             if not line.strip():
                 continue
             try:
-                row: dict[str, Any] = json.loads(line)
+                row = _record(line)
                 metrics = {
                     k: float(v)
                     for k, v in (row.get("metrics") or {}).items()
@@ -52,14 +53,24 @@ def read_points(path: str | os.PathLike[str]) -> list[Point]:
                     Point(
                         step=int(row["step"]),
                         status=str(row["status"]),
-                        reason=row.get("reason"),
+                        reason=None if row.get("reason") is None else str(row["reason"]),
                         metrics=metrics,
                         checkpoint=row.get("checkpoint") or row.get("snapshot"),
                     )
                 )
-            except (ValueError, KeyError, TypeError) as exc:
+            except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as exc:
                 log.warning("%s line %d is not a metrics record (%s); skipped", path, number, exc)
     return points
+
+
+def _record(line: str) -> dict[str, Any]:
+    try:
+        row = json.loads(line)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to parse") from None
+    if not isinstance(row, dict):
+        raise TypeError(f"a JSON {type(row).__name__}, not an object")
+    return row
 
 
 def score_metrics(points: Sequence[Point]) -> list[str]:

@@ -42,12 +42,15 @@ def prompts(count: int) -> list[str]:
     return [" ".join(words[i % len(words) : i % len(words) + 3]) for i in range(count)]
 
 
-async def bare(urls: list[str], texts: list[str], max_tokens: int, concurrency: int) -> float:
+async def bare(
+    urls: list[str], texts: list[str], max_tokens: int, concurrency: int, api_key: str | None
+) -> float:
     """Seconds for one client to complete ``texts`` on ``urls``, ``concurrency`` at a time."""
     limiter = trio.Semaphore(concurrency)
     targets = itertools.cycle(urls)
     limits = httpx.Limits(max_connections=concurrency)
-    async with httpx.AsyncClient(timeout=120.0, limits=limits) as client:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    async with httpx.AsyncClient(timeout=120.0, limits=limits, headers=headers) as client:
         started = time.perf_counter()
 
         async def one(url: str, text: str) -> None:
@@ -94,11 +97,13 @@ async def main(args: argparse.Namespace) -> None:
             for count, fleet in fleets.items():
                 await fleet.pin(snapshot, "1")
                 urls = fleet.urls
-                await bare(urls, texts, args.max_tokens, args.concurrency)  # warm-up
+                await bare(urls, texts, args.max_tokens, args.concurrency, fleet.api_key)  # warm-up
                 await ours(fleet, evaluation, snapshot)
                 bare_times, our_times = [], []
                 for _ in range(args.repeats):
-                    bare_times.append(await bare(urls, texts, args.max_tokens, args.concurrency))
+                    bare_times.append(
+                        await bare(urls, texts, args.max_tokens, args.concurrency, fleet.api_key)
+                    )
                     our_times.append(await ours(fleet, evaluation, snapshot))
                 rates["bare", count] = args.prompts / statistics.median(bare_times)
                 rates["ours", count] = args.prompts / statistics.median(our_times)

@@ -7,10 +7,10 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Callable
 from typing import NoReturn
 
-EXIT_USAGE = 2
+from actorsys._flags import EXIT_USAGE
+
 EXIT_INTERRUPTED = 130
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -46,19 +46,6 @@ def setup_logging(level: str) -> None:
     if level.lower() != "debug":
         logging.getLogger("httpx").setLevel(logging.WARNING)
 
-
-def int_at_least(minimum: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = minimum - 1
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}")
-        return value
-
-    parse.__name__ = f"integer >= {minimum}"
-    return parse
 
 
 def seconds(text: str) -> float:

@@ -14,7 +14,8 @@ import argparse
 import os
 import sys
 
-from actorsys.cli._conventions import add_log_level, int_at_least, setup_logging
+from actorsys._flags import int_at_least
+from actorsys.cli._conventions import add_log_level, setup_logging
 
 DEFAULT_STEPS = 1200
 DEFAULT_EVERY = 100

@@ -29,11 +29,11 @@ from contextlib import AbstractAsyncContextManager
 from functools import partial
 from typing import Any
 
+from actorsys._flags import int_at_least
 from actorsys.cli._conventions import (
     EXIT_INTERRUPTED,
     add_log_level,
     existing_dir,
-    int_at_least,
     seconds,
     setup_logging,
 )
@@ -59,6 +59,9 @@ def add_watch_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
                        help="start N CPU engines serving the first checkpoint (default 1)")
     where.add_argument("--engine-url", nargs="+", metavar="URL",
                        help="evaluate on servers that run anyway (vLLM or sglang), one fleet each")
+    engines.add_argument("--engine-api-key", metavar="KEY", default=None,
+                         help="the --engine-url servers' key, sent as 'Authorization: Bearer "
+                              "KEY' (default: $ACTORSYS_API_KEY)")
     engines.add_argument("--fleets", type=int_at_least(1), metavar="K",
                          help="deal the engines into K fleets that evaluate in parallel "
                               "(default: 1 for --engines, one per --engine-url)")
@@ -237,8 +240,11 @@ def _fleets_for(args: argparse.Namespace, parser: argparse.ArgumentParser) -> An
             parser.error(f"argument --fleets: {count} > the {len(args.engine_url)} --engine-url "
                          "servers; pass at most one fleet per server")
 
+        api_key = args.engine_api_key or os.environ.get("ACTORSYS_API_KEY") or None
+
         def attached(_checkpoint: Any) -> AbstractAsyncContextManager[Any]:
-            return attached_fleets(args.engine_url, fleets=count, flavor=args.flavor)
+            return attached_fleets(args.engine_url, fleets=count, flavor=args.flavor,
+                                   api_key=api_key)
 
         return attached
     engines = args.engines or 1

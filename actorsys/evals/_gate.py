@@ -52,7 +52,9 @@ class RequestGate:
     upstream path (``/v1/completions``); ``transport`` replaces the upstream connections.
     Cancelling ``serve`` closes the listener and every open connection, upstream ones
     included. ``failure`` is set (and the scope given to ``cancel_on_failure`` cancelled) when
-    an upstream answered with weights other than ``expected_version``.
+    an upstream answered with weights other than ``expected_version``. ``api_key``: the
+    upstreams' key, sent on every forwarded request in place of whatever the client sent (the
+    client proves itself with the URL's token; the engines' key never reaches it).
     """
 
     def __init__(
@@ -60,12 +62,14 @@ class RequestGate:
         upstreams: Sequence[str],
         *,
         expected_version: str | None,
+        api_key: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         if not upstreams:
             raise ValueError("RequestGate(upstreams): at least one upstream URL is required")
         self.upstreams = [url.rstrip("/") for url in upstreams]
         self.expected_version = expected_version
+        self._api_key = api_key
         self._transport = transport
         self.failure: CompletionError | None = None
         self._cancel_on_failure: trio.CancelScope | None = None
@@ -133,6 +137,8 @@ class RequestGate:
         url = upstream + target[len(prefix) - 1 :]
         if self.expected_version is not None:
             headers[VERSION_HEADER] = self.expected_version
+        if self._api_key is not None:
+            headers["authorization"] = f"Bearer {self._api_key}"
         self._forwarded += 1
         try:
             response = await client.request(method, url, content=body, headers=headers)

@@ -216,6 +216,8 @@ def _read_jsonl(path: str, limit: int | None) -> tuple[list[Any], list[int]]:
                     records.append(json.loads(text))
                 except ValueError as exc:
                     raise DatasetError(path, number, None, f"invalid JSON: {exc}") from None
+                except RecursionError:
+                    raise DatasetError(path, number, None, "JSON nested too deeply") from None
                 lines.append(number)
     except FileNotFoundError:
         raise DatasetError(path, None, None, "no such file") from None

@@ -107,13 +107,16 @@ class LmEvalTasks(CheckpointEvalFn):
         answered with other weights, ``unhealthy`` if the fleet failed lm-eval's requests."""
         upstreams = _upstreams(input.fleet)
         _require_tokenizer(checkpoint_dir)
-        gate = RequestGate(upstreams, expected_version=getattr(input.fleet, "version", None))
+        api_key = getattr(input.fleet, "api_key", None)
+        gate = RequestGate(
+            upstreams, expected_version=getattr(input.fleet, "version", None), api_key=api_key
+        )
         results: Any = None
         error: Exception | None = None
         async with trio.open_nursery() as nursery:
             gate.cancel_on_failure(nursery.cancel_scope)
             url = await nursery.start(gate.serve)
-            model = await _served_model(upstreams[0]) or checkpoint_dir
+            model = await _served_model(upstreams[0], api_key) or checkpoint_dir
             model_args = {
                 "base_url": f"{url}/v1/completions",
                 "model": model,
@@ -214,8 +217,9 @@ def _upstreams(fleet: Any) -> list[str]:
     return urls
 
 
-async def _served_model(url: str) -> str | None:
-    async with httpx.AsyncClient(timeout=10.0, verify=ssl_context()) as client:
+async def _served_model(url: str, api_key: str | None) -> str | None:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    async with httpx.AsyncClient(timeout=10.0, verify=ssl_context(), headers=headers) as client:
         return await served_model(client, url.rstrip("/"))
 
 

@@ -73,7 +73,9 @@ class ServerEvalFn(CheckpointEvalFn):
     server also gets actorsys' worker extension, so that models with tied embeddings reload
     correctly, unless the argv names a ``--worker-extension-cls`` of its own) is given.
     ``flavor``: ``"vllm"``, ``"sglang"`` (also the embedded engine) or ``"auto"`` (probed at
-    the first evaluation). ``api_key`` is sent as a bearer token. ``concurrency``,
+    the first evaluation). ``api_key`` is sent as a bearer token; a launched server listens
+    on 127.0.0.1 (its argv's ``--host`` is replaced) and requires a key, ``api_key`` or a
+    random one, handed over in ``ACTORSYS_API_KEY`` and ``VLLM_API_KEY``. ``concurrency``,
     ``request_timeout`` and ``retries`` bound the sampling requests as for
     :class:`DatasetEval`. ``probe`` runs the weight probe at every pin (as
     ``EvalConfig(probe=...)`` does for the pipeline's fleets). Bad arguments raise
@@ -113,11 +115,11 @@ class ServerEvalFn(CheckpointEvalFn):
             make_engine=lambda flavor, url: self.make_engine(flavor, url),
             ready_timeout=require_seconds("ServerEvalFn(ready_timeout)", ready_timeout),
             grace=require_seconds("ServerEvalFn(grace)", grace),
+            api_key=api_key,
             owner="ServerEvalFn",
         )
         check_limits("ServerEvalFn", concurrency, retries)
         self.flavor: Flavor = flavor
-        self.api_key = api_key
         self.ready_timeout = ready_timeout
         self.request_timeout = require_seconds("ServerEvalFn(request_timeout)", request_timeout)
         self.pin_timeout = require_seconds("ServerEvalFn(pin_timeout)", pin_timeout)
@@ -135,6 +137,12 @@ class ServerEvalFn(CheckpointEvalFn):
     def url(self) -> str | None:
         """The server's base URL (for a launched one: once launched)."""
         return self.server.url
+
+    @property
+    def api_key(self) -> str | None:
+        """The key sent to the server (for a launched one, once launched: the key it
+        requires)."""
+        return self.server.api_key
 
     @property
     def launch(self) -> list[str] | None:

@@ -38,7 +38,8 @@ class HttpEngine:
     """Base of the HTTP engine clients.
 
     ``request_timeout`` bounds every request but loads, which get ``load_timeout`` (a reload of
-    a large model takes minutes). ``transport`` replaces the network, for tests.
+    a large model takes minutes). ``api_key``, sent as a bearer token, is also what the fleet's
+    completions and the weight probe send. ``transport`` replaces the network, for tests.
     """
 
     def __init__(
@@ -56,6 +57,7 @@ class HttpEngine:
         self.name = name if name is not None else self.url
         self.request_timeout = require_seconds(f"{owner}(request_timeout)", request_timeout)
         self.load_timeout = require_seconds(f"{owner}(load_timeout)", load_timeout)
+        self.api_key = api_key or None
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._transport = transport
 

@@ -106,6 +106,16 @@ class Fleet:
         return [url for url in (getattr(e, "url", None) for e in self.engines) if url]
 
     @property
+    def api_key(self) -> str | None:
+        """The key this fleet's engines answer to (their clients' ``api_key``; None: they take
+        none). ``complete`` sends it unless given another. One fleet shares one key."""
+        keys = {key for key in (getattr(e, "api_key", None) for e in self.engines) if key}
+        if len(keys) > 1:
+            raise ConfigError("Fleet(engines)", "the engines hold different API keys; one fleet "
+                              "shares one key (or pass api_key= to complete)")
+        return keys.pop() if keys else None
+
+    @property
     def base_url(self) -> str | None:
         """Where one sends requests to the whole fleet: the router, or the only engine's URL.
         None for several engines without a router (use ``urls``)."""
@@ -131,9 +141,10 @@ class Fleet:
     ) -> list[Completion]:
         """Complete every prompt on this fleet; see :func:`actorsys.fleet.completions.complete`.
 
-        Requests go to the router if there is one, else round-robin over the engines. With
-        ``check_version``, an answer whose engine reports a version other than the pinned one
-        raises :class:`~actorsys.fleet.completions.StaleWeightsError` (the point is skipped as
+        Requests go to the router if there is one, else round-robin over the engines;
+        ``api_key`` defaults to the engines' own (:attr:`api_key`). With ``check_version``,
+        an answer whose engine reports a version other than the pinned one raises
+        :class:`~actorsys.fleet.completions.StaleWeightsError` (the point is skipped as
         ``pin_violation``). A failed request is retried ``retries`` times on the next engine;
         with ``keep_failures`` one that still fails comes back with ``error`` set instead of
         failing the call. Runs under trio or asyncio; the caller's cancel scope bounds it.
@@ -152,7 +163,7 @@ class Fleet:
             concurrency=concurrency,
             request_timeout=request_timeout,
             model=model,
-            api_key=api_key,
+            api_key=api_key if api_key is not None else self.api_key,
             extra=extra,
             retries=retries,
             keep_failures=keep_failures,

@@ -1,7 +1,10 @@
 """An external server (a vLLM or sglang server outside the pipeline's fleets) as a Fleet.
 
 Attached (``url=``: it runs anyway; never started or stopped here) or launched (``launch=``:
-an argv in which ``{port}`` is replaced by a free port of 127.0.0.1; stopped by ``stop``).
+an argv in which ``{port}`` is replaced by a free port of 127.0.0.1, every ``--host`` by
+127.0.0.1; stopped by ``stop``). A launched server requires a key (``api_key``, the argv's
+own ``--api-key``, or a random one), handed over in its environment (``ACTORSYS_API_KEY``
+for the embedded engine, ``VLLM_API_KEY`` for vLLM), which other users cannot read.
 Either way it is a :class:`~actorsys.Fleet` of one engine, the client of its flavor, and is
 pinned like every fleet, through :meth:`Fleet.pin_and_verify`::
 
@@ -10,9 +13,9 @@ pinned like every fleet, through :meth:`Fleet.pin_and_verify`::
     verdict = await nursery.start(fleet.pin_and_verify, path, version)
 
 A launched vLLM server is completed by :func:`~actorsys.fleet.vllm_launch.vllm_launch` (the
-weight-update endpoints, the worker extension whose reload handles tied embeddings), unless
-its argv names a ``--worker-extension-cls`` of its own. Nothing is started before the first
-:meth:`fleet`.
+weight-update endpoints, the key middleware, and the worker extension whose reload handles
+tied embeddings unless its argv names a ``--worker-extension-cls`` of its own). Nothing is
+started before the first :meth:`fleet`.
 """
 
 from __future__ import annotations
@@ -28,11 +31,13 @@ import trio
 from actorsys._errors import ConfigError
 from actorsys.fleet._http import check_url
 from actorsys.fleet._process import ManagedProcess, spawn
+from actorsys.fleet.embedded import API_KEY_ENV as ENGINE_API_KEY_ENV
 from actorsys.fleet.engine import Engine, Fleet
 from actorsys.fleet.errors import EngineUnhealthyError
 from actorsys.fleet.flavor import FLAVORS, Flavor, engine_of_flavor
-from actorsys.fleet.local import free_port
+from actorsys.fleet.local import free_port, new_api_key, on_host
 from actorsys.fleet.vllm_launch import EXTENSION_FLAG, vllm_launch
+from actorsys.fleet.vllm_worker.actorsys_api_key import KEY_ENV as VLLM_API_KEY_ENV
 from actorsys.runtime import ThreadTracker, run_blocking
 
 __all__ = ["ExternalServer", "ManagedProcess"]
@@ -52,7 +57,8 @@ class ExternalServer:
     ``VLLM_SERVER_DEV_MODE=1``, and a vLLM one actorsys' worker extension, see
     ``tied_reload``). ``flavor``: ``"vllm"``, ``"sglang"`` (also the embedded engine) or
     ``"auto"`` (probed once the server answers). ``make_engine(flavor, url)`` builds the
-    client. ``ready_timeout`` bounds the wait for the server, counted from the first
+    client, sending ``api_key`` (for a launched server, the key it was started with).
+    ``ready_timeout`` bounds the wait for the server, counted from the first
     :meth:`fleet`; ``grace`` the stop. ``owner`` names the caller in argument errors, which
     raise :class:`~actorsys.ConfigError` at construction.
     """
@@ -66,6 +72,7 @@ class ExternalServer:
         make_engine: MakeEngine,
         ready_timeout: float,
         grace: float,
+        api_key: str | None = None,
         owner: str = "ExternalServer",
     ) -> None:
         if (url is None) == (launch is None):
@@ -89,12 +96,13 @@ class ExternalServer:
         self.make_engine = make_engine
         self.ready_timeout = ready_timeout
         self.grace = grace
-        self.tied_reload = (
+        self.api_key = api_key
+        self.launches_vllm = (
             self.launch is not None
             and flavor != "sglang"
             and any("vllm" in arg for arg in self.launch)
-            and EXTENSION_FLAG not in self.launch
         )
+        self.tied_reload = self.launches_vllm and EXTENSION_FLAG not in (self.launch or ())
         """A launched vLLM server gets actorsys' worker extension, whose reload also rebuilds
         a tied ``lm_head`` (vLLM's own leaves its CPU kernel built from the old weights)."""
         self.process: ManagedProcess | None = None
@@ -193,12 +201,16 @@ class ExternalServer:
     async def _start(self) -> None:
         assert self.launch is not None
         port = free_port()
-        argv = [arg.replace("{port}", str(port)) for arg in self.launch]
-        launch = vllm_launch(argv, tied_reload=self.tied_reload)
-        env = {**os.environ, **launch.env}
+        argv = on_host([arg.replace("{port}", str(port)) for arg in self.launch], "127.0.0.1")
+        self.api_key = self.api_key or _argv_key(self.launch) or new_api_key()
+        env = {**os.environ, ENGINE_API_KEY_ENV: self.api_key, VLLM_API_KEY_ENV: self.api_key}
+        if self.launches_vllm:
+            launch = vllm_launch(argv, tied_reload=self.tied_reload)
+            argv = launch.argv
+            env.update(launch.env)
         self.log_path = await self._in_thread(_new_log, "creation of the server's log")
         # Forked from this (the evaluating trio) thread: the server lives as long as it.
-        self.process = spawn("eval-server", launch.argv, log_path=self.log_path, env=env,
+        self.process = spawn("eval-server", argv, log_path=self.log_path, env=env,
                              grace=self.grace)
         self.url = f"http://127.0.0.1:{port}"
         log.info("launched the server %s at %s (log %s)", argv[0], self.url, self.log_path)
@@ -227,6 +239,16 @@ async def _until_ok(call: Callable[[], Awaitable[T]]) -> T:
             log.debug("server not ready: %s", exc)
         await trio.sleep(delay)
         delay = min(delay * 2, POLL_MAX_DELAY)
+
+
+def _argv_key(argv: Sequence[str]) -> str | None:
+    """The value of ``--api-key`` in ``argv`` (the key a server launched with it requires)."""
+    for index, arg in enumerate(argv):
+        if arg.startswith("--api-key="):
+            return arg.partition("=")[2] or None
+        if arg == "--api-key" and index + 1 < len(argv):
+            return argv[index + 1]
+    return None
 
 
 def _new_log() -> str:

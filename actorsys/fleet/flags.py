@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from actorsys._errors import ConfigError
+from actorsys._flags import int_at_least
 from actorsys.flag_groups import register_flags
 
 ENGINE_KINDS = ("embedded", "vllm")
@@ -54,27 +55,14 @@ class FleetFlags:
         return {"num_gpus": self.num_gpus_per_engine} if self.num_gpus else dict(CPU_ENGINE)
 
 
-def _count(minimum: int) -> Any:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
-        return value
-
-    return parse
-
-
 @register_flags
 def add_fleet_arguments(group: argparse._ArgumentGroup) -> None:
     """Add the fleet flags to ``group`` (skipping flags its parser already defines). A bad
     value is an argparse error naming the flag."""
     for option, kwargs in (
-        ("--eval-num-gpus", {"type": _count(0), "metavar": "N", "help":
+        ("--eval-num-gpus", {"type": int_at_least(0), "metavar": "N", "help":
             "GPUs of the dedicated eval fleet (RayFleet.from_args); 0: one CPU engine"}),
-        ("--eval-num-gpus-per-engine", {"type": _count(1), "metavar": "G", "help":
+        ("--eval-num-gpus-per-engine", {"type": int_at_least(1), "metavar": "G", "help":
             "GPUs of each eval engine (default 1; vLLM engines shard over them)"}),
         ("--eval-engine", {"choices": ENGINE_KINDS, "help":
             "the engine the eval fleet runs (default embedded)"}),

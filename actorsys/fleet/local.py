@@ -6,7 +6,9 @@ Example::
         async with EvalSupervisor.open(config, eval_fn=MyEval(), fleet=local.fleet) as sup:
             ...
 
-Each engine gets a free port and a log file, and is up once ``GET /health`` answers 200.
+Each engine gets a free port and a log file, and is up once ``GET /health`` answers 200. The
+fleet makes a random key (``api_key``), hands it to every engine through its environment and
+gives it to their clients: an engine answers nothing but ``/health`` without it.
 Every process runs under a reaper in its own process group (see ``_process``), so leaving the
 block, a cancellation, or the owner's crash stops them all: SIGTERM, then SIGKILL after
 ``grace`` seconds.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import shutil
 import socket
 import sys
@@ -36,16 +39,29 @@ import trio
 from actorsys._errors import ActorsysError, ConfigError
 from actorsys.fleet._process import ManagedProcess, spawn
 from actorsys.fleet._tls import ssl_context
+from actorsys.fleet.embedded import API_KEY_ENV as ENGINE_API_KEY_ENV
 from actorsys.fleet.engine import Engine, Fleet
 from actorsys.fleet.sglang import SGLangEngine
 from actorsys.fleet.vllm import RELOAD, TIED_RELOAD, VLLMEngine
 from actorsys.fleet.vllm_launch import VLLMLaunch, vllm_command, vllm_launch
+from actorsys.fleet.vllm_worker.actorsys_api_key import KEY_ENV as VLLM_API_KEY_ENV
 from actorsys.runtime import RestartIntensity
 
 log = logging.getLogger("actorsys.fleet")
 
 HEALTH_POLL_INTERVAL = 0.25
 VLLM_PYTHON = ".venv-vllm/bin/python"
+ROUTER_KEY_ENV = "ACTORSYS_ROUTER_ADMIN_KEY"
+ROUTER_MAIN = (
+    "import os, sys; from sglang_router.launch_router import launch_router, parse_router_args; "
+    "launch_router(parse_router_args([*sys.argv[1:], '--control-plane-api-keys', "
+    f"'actorsys:fleet:admin:' + os.environ.pop({ROUTER_KEY_ENV!r})]))"
+)
+"""sglang-router's launcher, with its control plane (``/workers``: add or remove a worker)
+locked by a random key that nobody holds: otherwise anyone who can connect could add a server
+of theirs and receive the fleet's requests, key included. The key goes through the
+environment, so no command line shows it. The data plane passes each request's
+``Authorization`` header on to the engine, which checks the fleet's key."""
 
 
 class FleetStartError(ActorsysError, RuntimeError):
@@ -54,12 +70,34 @@ class FleetStartError(ActorsysError, RuntimeError):
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """How to start one engine: its command for a given port, its environment, its client."""
+    """How to start one engine: its command for a given port, its environment, its client.
+
+    ``api_key_env``: the environment variable the engine reads its API key from (None: it
+    takes none). The fleet that starts it sets it to the fleet's key (the environment, unlike
+    the command line, is hidden from other users) and builds the client as
+    ``client(url, name, key)``; without one, as ``client(url, name)``.
+    """
 
     kind: str
     command: Callable[[int], list[str]]
-    client: Callable[[str, str], Engine]
+    client: Callable[..., Engine]
     env: Mapping[str, str] = field(default_factory=dict)
+    api_key_env: str | None = None
+
+    def environment(self, api_key: str | None) -> dict[str, str]:
+        """The engine's whole environment: this process's, ``env``, and its key."""
+        key = {self.api_key_env: api_key} if self.api_key_env and api_key else {}
+        return {**os.environ, **self.env, **key}
+
+    def make_client(self, url: str, name: str, api_key: str | None) -> Engine:
+        if self.api_key_env is None:
+            return self.client(url, name)
+        return self.client(url, name, api_key)
+
+
+def new_api_key() -> str:
+    """A random key for the engines of one fleet."""
+    return secrets.token_urlsafe(32)
 
 
 def embedded(model_dir: str, *, extra_args: Sequence[str] = (), threads: int = 1) -> EngineSpec:
@@ -71,7 +109,8 @@ def embedded(model_dir: str, *, extra_args: Sequence[str] = (), threads: int = 1
             sys.executable, "-m", "actorsys", "engine", "--model", model_dir,
             "--host", "127.0.0.1", "--port", str(port), "--threads", str(threads), *extra_args,
         ],
-        client=lambda url, name: SGLangEngine(url, name=name),
+        client=lambda url, name, key: SGLangEngine(url, name=name, api_key=key),
+        api_key_env=ENGINE_API_KEY_ENV,
     )
 
 
@@ -107,13 +146,15 @@ def vllm(
     return EngineSpec(
         kind="vllm",
         command=lambda port: launch(port).argv,
-        client=lambda url, name: VLLMEngine(
+        client=lambda url, name, key: VLLMEngine(
             url,
             name=name,
+            api_key=key,
             served_model_dir=model_dir,
             reload_method=TIED_RELOAD if tied_reload else RELOAD,
         ),
         env=launch(0).env,
+        api_key_env=VLLM_API_KEY_ENV,
     )
 
 
@@ -149,7 +190,11 @@ class LocalEngine:
 
 
 class LocalFleet:
-    """Processes of one local fleet. ``fleet`` is the :class:`Fleet` of their clients."""
+    """Processes of one local fleet. ``fleet`` is the :class:`Fleet` of their clients.
+
+    ``api_key``: the fleet's random key. Every engine gets it (through its environment) and
+    answers only requests that carry it, but for ``/health``; the clients send it.
+    """
 
     def __init__(
         self,
@@ -169,6 +214,7 @@ class LocalFleet:
         self._nursery: trio.Nursery | None = None
         self.router: ManagedProcess | None = None
         self.router_url: str | None = None
+        self.api_key = new_api_key()
         self.fleet: Fleet
 
     @classmethod
@@ -234,23 +280,27 @@ class LocalFleet:
             name,
             spec.command(port),
             log_path=os.path.join(self.log_dir, f"{name}.log"),
-            env={**os.environ, **spec.env},
+            env=spec.environment(self.api_key),
             grace=self.grace,
         )
         url = f"http://127.0.0.1:{port}"
-        return LocalEngine(name, spec, port, process, spec.client(url, name))
+        return LocalEngine(name, spec, port, process, spec.make_client(url, name, self.api_key))
 
     async def _start_router(self) -> None:
         port, metrics_port = free_port(), free_port()
         command = [
-            sys.executable, "-m", "sglang_router.launch_router",
+            sys.executable, "-c", ROUTER_MAIN,
             "--host", "127.0.0.1", "--port", str(port),
             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
             "--policy", "round_robin", "--log-level", "warn",
             "--worker-urls", *self.urls,
         ]
         self.router = spawn(
-            "router", command, log_path=os.path.join(self.log_dir, "router.log"), grace=self.grace
+            "router",
+            command,
+            log_path=os.path.join(self.log_dir, "router.log"),
+            env={**os.environ, ROUTER_KEY_ENV: new_api_key()},
+            grace=self.grace,
         )
         self.router_url = f"http://127.0.0.1:{port}"
         await self._wait_healthy(self.router, self.router_url)
@@ -337,6 +387,18 @@ class LocalFleet:
                     nursery.start_soon(self.router.stop, self.grace)
                 for engine in self.engines:
                     nursery.start_soon(engine.process.stop, self.grace)
+
+
+def on_host(argv: Sequence[str], host: str) -> list[str]:
+    """``argv`` with the value of every ``--host`` replaced by ``host`` (added if it has
+    none): a second ``--host`` appended after the first would leave which one wins to the
+    server's parser."""
+    argv = [f"--host={host}" if arg.startswith("--host=") else arg for arg in argv]
+    places = [i + 1 for i, arg in enumerate(argv[:-1]) if arg == "--host"]
+    for place in places:
+        argv[place] = host
+    found = places or any(arg.startswith("--host=") for arg in argv)
+    return argv if found else [*argv, "--host", host]
 
 
 def free_port() -> int:

@@ -51,6 +51,8 @@ from actorsys.fleet.local import (
     EngineSpec,
     embedded,
     free_port,
+    new_api_key,
+    on_host,
     vllm,
 )
 from actorsys.fleet.probe import ProbedEngine, ProbeUnsupportedError
@@ -109,23 +111,35 @@ def engine_spec(engine: str, model_dir: str, engine_args: Sequence[str]) -> Engi
 class EngineServer:
     """The body of an engine actor: one engine server on this node, watched.
 
-    The server binds the node's address on a free port. When it exits, a watcher thread ends
-    the actor's process, so that Ray restarts the actor (within its ``max_restarts``) or marks
-    it dead; either way calls to it fail until it is back, and the pin says ``unhealthy``.
+    The server binds the node's address on a free port, since the driver may run on another
+    node, and so it answers only requests with the fleet's key (``api_key``, handed to it in
+    its environment), but for ``/health``. When it exits, a watcher thread ends the actor's
+    process, so that Ray restarts the actor (within its ``max_restarts``) or marks it dead;
+    either way calls to it fail until it is back, and the pin says ``unhealthy``.
     """
 
-    def __init__(self, name: str, spec: EngineSpec, startup_timeout: float, grace: float) -> None:
+    def __init__(
+        self,
+        name: str,
+        spec: EngineSpec,
+        startup_timeout: float,
+        grace: float,
+        api_key: str | None = None,
+    ) -> None:
         import ray
 
+        if spec.api_key_env is None or not api_key:
+            raise ConfigError("RayFleet", f"a {spec.kind} engine reachable from other nodes "
+                              "needs a key, and this one takes none")
         host = ray.util.get_node_ip_address()
         port = free_port()
         self._log_dir = tempfile.mkdtemp(prefix="actorsys-ray-engine-")
         self._url = f"http://{host}:{port}"
         self._process: ManagedProcess = spawn(
             name,
-            [*spec.command(port), "--host", host],
+            on_host(spec.command(port), host),
             log_path=os.path.join(self._log_dir, f"{name}.log"),
-            env={**os.environ, **spec.env},
+            env=spec.environment(api_key),
             grace=grace,
         )
         self._wait_healthy(startup_timeout)
@@ -187,9 +201,10 @@ class RayEngine:
     Every method blocks on Ray or on the server; the caller's cancel scope bounds it.
     """
 
-    def __init__(self, actor: Any, name: str, spec: EngineSpec) -> None:
+    def __init__(self, actor: Any, name: str, spec: EngineSpec, api_key: str | None = None) -> None:
         self.actor = actor
         self.name = name
+        self.api_key = api_key
         self._spec = spec
         self._client: Engine | None = None
         self.url: str | None = None
@@ -231,7 +246,8 @@ class RayEngine:
                 "(restarting, or no node can place it)",
             ) from exc
         if url != self.url or self._client is None:
-            self._client, self.url = self._spec.client(url, self.name), url
+            self._client = self._spec.make_client(url, self.name, self.api_key)
+            self.url = url
         return self._client
 
 
@@ -239,12 +255,16 @@ class RayFleet:
     """Engine actors and the :class:`~actorsys.Fleet` of their engines.
 
     ``fleet``: the Fleet to hand to the supervisor. ``actors``: the Ray actor handles, in
-    engine order. ``engines``: the :class:`RayEngine` of each.
+    engine order. ``engines``: the :class:`RayEngine` of each. ``api_key``: the fleet's random
+    key, which its engines require and its clients send.
     """
 
-    def __init__(self, actors: list[Any], engines: list[RayEngine]) -> None:
+    def __init__(
+        self, actors: list[Any], engines: list[RayEngine], api_key: str | None = None
+    ) -> None:
         self.actors = actors
         self.engines = engines
+        self.api_key = api_key
         self.fleet = Fleet(engines)
 
     @classmethod
@@ -291,11 +311,12 @@ class RayFleet:
             max_restarts=max_restarts, max_task_retries=0, **options
         )
         names = [f"ray-{engine}-{index}" for index in range(num_engines)]
-        actors = [actor_class.remote(name, spec, startup_timeout, grace) for name in names]
+        key = new_api_key()
+        actors = [actor_class.remote(name, spec, startup_timeout, grace, key) for name in names]
         try:
             await _all_answer([actor.url.remote() for actor in actors])
-            engines = [RayEngine(a, n, spec) for a, n in zip(actors, names, strict=True)]
-            yield cls(actors, engines)
+            engines = [RayEngine(a, n, spec, key) for a, n in zip(actors, names, strict=True)]
+            yield cls(actors, engines, key)
         finally:
             if ray.is_initialized():
                 for actor in actors:

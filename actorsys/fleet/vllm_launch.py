@@ -1,11 +1,14 @@
 """How actorsys starts a vLLM OpenAI server: the one place its command line is completed.
 
 Every vLLM server actorsys starts (a local fleet's, a Ray engine's, the one ``ServerEvalFn``
-launches) runs with ``VLLM_SERVER_DEV_MODE=1`` (the weight-update endpoints) and, unless told
-otherwise, with actorsys' worker extension (``actorsys/fleet/vllm_worker`` on its
-``PYTHONPATH``, ``--worker-extension-cls``), whose reload also rebuilds what vLLM's own leaves
-stale on the CPU (a tied ``lm_head``'s packed kernel). Options every such server needs go
-here, so that each way of starting one gets them.
+launches) runs with ``VLLM_SERVER_DEV_MODE=1`` (the weight-update endpoints), with
+actorsys' key middleware (``--middleware``: vLLM's own ``--api-key`` guards only ``/v1/...``,
+the middleware guards the dev-mode routes that swap and label the weights too; it reads the
+key from ``VLLM_API_KEY``, which whoever starts the server sets) and, unless told otherwise,
+with actorsys' worker extension (``--worker-extension-cls``), whose reload also rebuilds what
+vLLM's own leaves stale on the CPU (a tied ``lm_head``'s packed kernel). Both live in
+``actorsys/fleet/vllm_worker``, put first on the server's ``PYTHONPATH``. Options every such
+server needs go here, so that each way of starting one gets them.
 """
 
 from __future__ import annotations
@@ -14,9 +17,10 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from actorsys.fleet.vllm_worker import EXTENSION_CLASS, WORKER_DIR
+from actorsys.fleet.vllm_worker import API_KEY_MIDDLEWARE, EXTENSION_CLASS, WORKER_DIR
 
 EXTENSION_FLAG = "--worker-extension-cls"
+MIDDLEWARE_FLAG = "--middleware"
 
 
 @dataclass(frozen=True)
@@ -32,16 +36,20 @@ def vllm_launch(
 ) -> VLLMLaunch:
     """``argv`` (a vLLM OpenAI server's command) completed as actorsys runs it.
 
-    With ``tied_reload`` the worker extension is added, unless ``argv`` names a
-    ``--worker-extension-cls`` of its own, and its directory goes first on the ``PYTHONPATH``
-    taken from ``environ`` (default: this process's environment). Pure: reads no file.
+    The key middleware is always added; with ``tied_reload`` the worker extension too, unless
+    ``argv`` names a ``--worker-extension-cls`` of its own. Their directory goes first on the
+    ``PYTHONPATH`` taken from ``environ`` (default: this process's environment). The server
+    refuses to start without ``VLLM_API_KEY`` in its environment. Pure: reads no file.
     """
     command = list(argv)
-    env = {"VLLM_SERVER_DEV_MODE": "1"}
     if tied_reload and EXTENSION_FLAG not in command:
         command += [EXTENSION_FLAG, EXTENSION_CLASS]
-        inherited = (os.environ if environ is None else environ).get("PYTHONPATH")
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (WORKER_DIR, inherited) if p)
+    command += [MIDDLEWARE_FLAG, API_KEY_MIDDLEWARE]
+    inherited = (os.environ if environ is None else environ).get("PYTHONPATH")
+    env = {
+        "VLLM_SERVER_DEV_MODE": "1",
+        "PYTHONPATH": os.pathsep.join(p for p in (WORKER_DIR, inherited) if p),
+    }
     return VLLMLaunch(command, env)
 
 

@@ -55,19 +55,29 @@ async def started_fleets(
 
 
 @asynccontextmanager
-async def attached_fleets(urls: Sequence[str], *, fleets: int, flavor: Flavor) -> AsyncIterator[list[Fleet]]:
+async def attached_fleets(
+    urls: Sequence[str], *, fleets: int, flavor: Flavor, api_key: str | None = None
+) -> AsyncIterator[list[Fleet]]:
     """Clients of the servers at ``urls`` (never started or stopped here), dealt into
-    ``fleets`` fleets. ``flavor="auto"`` asks each server which API it speaks."""
-    clients = [await engine_for_url(url, flavor, name=f"engine-{i}") for i, url in enumerate(urls)]
+    ``fleets`` fleets. ``flavor="auto"`` asks each server which API it speaks. ``api_key``:
+    the servers' key, sent as a bearer token."""
+    clients = [
+        await engine_for_url(url, flavor, name=f"engine-{i}", api_key=api_key)
+        for i, url in enumerate(urls)
+    ]
     yield [Fleet(group) for group in split(clients, fleets)]  # type: ignore[arg-type]
 
 
-async def engine_for_url(url: str, flavor: Flavor, *, name: str) -> SGLangEngine | VLLMEngine:
+async def engine_for_url(
+    url: str, flavor: Flavor, *, name: str, api_key: str | None = None
+) -> SGLangEngine | VLLMEngine:
     """The client of the server at ``url``: sglang's API (also the embedded engine's) or
     vLLM's weight-update endpoints. Raises :class:`EngineUnhealthyError` if ``auto`` finds
     neither."""
     def make(kind: str) -> SGLangEngine | VLLMEngine:
-        return SGLangEngine(url, name=name) if kind == "sglang" else VLLMEngine(url, name=name)
+        if kind == "sglang":
+            return SGLangEngine(url, name=name, api_key=api_key)
+        return VLLMEngine(url, name=name, api_key=api_key)
 
     try:
         return await engine_of_flavor(flavor, make)

@@ -125,7 +125,7 @@ def _entries(lines: Iterable[str]) -> Iterable[tuple[int, dict[str, Any] | None]
             continue
         try:
             entry = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             yield number, None
             continue
         if isinstance(entry, dict) and {"checkpoint", "eval_key", "status"} <= entry.keys():

@@ -215,7 +215,7 @@ async def test_a_hung_request_is_cut_at_eval_timeout_and_the_abandoned_run_never
     async with LocalFleet.open([embedded(str(setup.base))]) as local, trio.open_nursery() as nursery:
         router = HangingRouter(local.urls[0], hang_version="1")
         router_url = await nursery.start(router.gate.serve)
-        fleet = Fleet([SGLangEngine(local.urls[0])], router_url=router_url)
+        fleet = Fleet([SGLangEngine(local.urls[0], api_key=local.api_key)], router_url=router_url)
         settings = config(tmp_path, setup.base, eval_timeout=6.0)
         async with EvalSupervisor.open(settings, eval_fn=fn, fleet=fleet, sink=sink) as sup:
             outcomes = await run_points(sup, sink, setup.snapshots)

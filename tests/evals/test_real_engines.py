@@ -102,8 +102,8 @@ async def test_attached_server_eval_pins_scores_survives_a_restart_mid_pin_and_n
 ) -> None:
     async with LocalFleet.open([embedded(str(tiny.base))]) as local:
         before = {p.pid for p in psutil.Process().children(recursive=True)}
-        evaluation = ServerEvalFn(answers.dataset(), url=local.urls[0], request_timeout=30.0,
-                                  pin_timeout=60.0)
+        evaluation = ServerEvalFn(answers.dataset(), url=local.urls[0], api_key=local.api_key,
+                                  request_timeout=30.0, pin_timeout=60.0)
         first = await evaluation.evaluate_checkpoint(str(tiny.step1), point(1, tiny.step1))
         assert first.metrics is not None
         assert first.metrics["eval/answers"] == answers.expected["step1"]
@@ -164,12 +164,14 @@ async def test_a_reload_by_someone_else_during_the_evaluation_is_a_pin_violation
         def meddling(answer: str, label: object, record: dict) -> float:
             body = {"model_path": str(tiny.step2), "weight_version": "someone-else",
                     "abort_all_requests": False}
-            httpx.post(f"{url}/update_weights_from_disk", json=body, timeout=60).raise_for_status()
+            headers = {"Authorization": f"Bearer {local.api_key}"}  # a user who holds the key
+            httpx.post(f"{url}/update_weights_from_disk", json=body, headers=headers,
+                       timeout=60).raise_for_status()
             return 1.0
 
         records = ({"prompt": "one two three", "label": "x"},)
         dataset = EvalDataset(name="d", records=records, max_tokens=4, scorer=meddling)
-        evaluation = ServerEvalFn(dataset, url=url, request_timeout=30.0)
+        evaluation = ServerEvalFn(dataset, url=url, api_key=local.api_key, request_timeout=30.0)
         with pytest.raises(EvalSkip) as caught:
             await evaluation.evaluate_checkpoint(str(tiny.step1), point(1, tiny.step1))
         assert caught.value.reason == "pin_violation", caught.value

@@ -1,6 +1,7 @@
 """Engines as Ray actors on a local cluster (one per module, two CPUs): pinned and evaluated
-through EvalSupervisor, a killed actor restarted by Ray and pinned again, and a hanging Ray
-task cut off at close. Wall-clock bound: each test has a timeout."""
+through EvalSupervisor, a killed actor restarted by Ray and pinned again, a hanging Ray
+task cut off at close, and an engine on the node's address that requires the fleet's key.
+Wall-clock bound: each test has a timeout."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import trio
 
@@ -27,6 +29,7 @@ from actorsys import (  # noqa: E402
 from actorsys.fleet.ray import RayFleet, await_ref  # noqa: E402
 from tests.fleet.conftest import TinyModels  # noqa: E402
 from tests.fleet.pipeline import assert_pinned, evaluate, pipeline  # noqa: E402
+from tests.models import PROMPTS  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -153,3 +156,18 @@ async def test_close_is_bounded_when_a_ray_eval_task_hangs_and_the_task_is_cance
     assert [(o.step, o.reason) for o in sink.outcomes] == [(1, "closed")]
     with trio.fail_after(30), pytest.raises(ray.exceptions.TaskCancelledError):
         await await_ref(eval_fn.refs[0])
+
+
+@pytest.mark.timeout(240)
+async def test_a_ray_engine_on_the_node_address_requires_the_fleets_key(tiny: TinyModels) -> None:
+    async with RayFleet.open(tiny.base, num_engines=1, resources={"num_cpus": 0.5}) as ray_fleet:
+        assert ray_fleet.api_key and ray_fleet.fleet.api_key == ray_fleet.api_key
+        await ray_fleet.fleet.pin(str(tiny.step1), "1")
+        url = ray_fleet.fleet.urls[0]
+        assert url.startswith(f"http://{ray.util.get_node_ip_address()}:")
+        async with httpx.AsyncClient(base_url=url, timeout=30.0) as client:
+            assert (await client.get("/health")).status_code == 200
+            load = {"model_path": str(tiny.step2), "weight_version": "evil"}
+            assert (await client.post("/update_weights_from_disk", json=load)).status_code == 401
+        answers = await ray_fleet.fleet.complete(PROMPTS, max_tokens=4)
+        assert {answer.weight_version for answer in answers} == {"1"}

@@ -2,14 +2,23 @@
 
 Logs ``actorsys engine serving DIR at http://HOST:PORT`` on stderr once the model is loaded.
 SIGTERM ends it within about a second (it holds nothing that needs saving).
+
+With ``--api-key KEY`` (or the environment's ``ACTORSYS_API_KEY``, which other users cannot
+read the way they can read a command line) every route but ``/health`` needs
+``Authorization: Bearer KEY``. It listens on 127.0.0.1 unless ``--host`` says otherwise, and
+another address needs a key. ``--model`` must be a local checkpoint directory: nothing is
+fetched from a hub.
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
+import os
 import signal
 import socket
+import sys
 from functools import partial
 from typing import Any
 
@@ -18,10 +27,32 @@ import torch
 from hypercorn.asyncio import serve
 from hypercorn.config import Config
 
+from actorsys._flags import EXIT_USAGE, int_at_least
+from actorsys.fleet.embedded import API_KEY_ENV
 from actorsys.fleet.embedded.model import ModelHost
-from actorsys.fleet.embedded.server import EmbeddedEngine
+from actorsys.fleet.embedded.server import MAX_BODY_BYTES, EmbeddedEngine
 
 log = logging.getLogger("actorsys.engine")
+
+
+def port_number(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port in [0, 65535] (0: any free one), "
+                                         f"got {text!r}")
+    return value
+
+
+def model_dir(text: str) -> str:
+    if not os.path.isfile(os.path.join(text, "config.json")):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a checkpoint directory (no config.json); pass a local Hugging Face "
+            "checkpoint directory (nothing is fetched from a hub)"
+        )
+    return text
 
 
 def add_engine_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -30,14 +61,27 @@ def add_engine_command(subparsers: argparse._SubParsersAction[argparse.ArgumentP
         help="serve a transformers model over the sglang API subset (the embedded CPU engine)",
         description=__doc__,
     )
-    parser.add_argument("--model", required=True, help="Hugging Face checkpoint directory")
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, required=True, help="port to bind (0: any free one)")
+    parser.add_argument("--model", required=True, type=model_dir,
+                        help="a local Hugging Face checkpoint directory")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to bind (default 127.0.0.1; another one needs a key)")
+    parser.add_argument("--port", type=port_number, required=True,
+                        help="port to bind (0: any free one)")
+    parser.add_argument("--api-key", default=None, metavar="KEY",
+                        help=f"require 'Authorization: Bearer KEY' on every route but /health "
+                             f"(default: ${API_KEY_ENV}; prefer it, a command line is visible "
+                             "to every user)")
     parser.add_argument(
-        "--max-batch", type=int, default=16, help="sequences generated together (default 16)"
+        "--max-batch", type=int_at_least(1), default=16,
+        help="sequences generated together (default 16)",
     )
     parser.add_argument(
-        "--threads", type=int, default=1, help="torch CPU threads (default 1; 0: torch's default)"
+        "--max-body-bytes", type=int_at_least(1), default=MAX_BODY_BYTES,
+        help=f"largest request body accepted, larger ones get 413 (default {MAX_BODY_BYTES})",
+    )
+    parser.add_argument(
+        "--threads", type=int_at_least(0), default=1,
+        help="torch CPU threads (default 1; 0: torch's default)",
     )
     parser.add_argument(
         "--require-complete",
@@ -59,10 +103,17 @@ def add_engine_command(subparsers: argparse._SubParsersAction[argparse.ArgumentP
 
 
 def run_engine(args: argparse.Namespace) -> int:
-    if args.max_batch < 1:
-        raise SystemExit("--max-batch: expected an integer >= 1")
-    if args.threads < 0:
-        raise SystemExit("--threads: expected an integer >= 0")
+    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
+    if args.api_key == "":
+        return _usage("argument --api-key: expected a non-empty key")
+    if api_key is None and not _is_loopback(args.host):
+        return _usage(f"argument --host: {args.host} is reachable from other hosts; pass "
+                      f"--api-key (or set {API_KEY_ENV}), or bind 127.0.0.1")
+    try:
+        sock = listening_socket(args.host, args.port)
+    except OSError as exc:
+        return _usage(f"argument --port: cannot listen on {args.host}:{args.port}: "
+                      f"{exc.strerror or exc}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -70,11 +121,12 @@ def run_engine(args: argparse.Namespace) -> int:
         partial(
             serve_engine,
             args.model,
-            args.host,
-            args.port,
+            sock,
             max_batch=args.max_batch,
             require_complete=args.require_complete,
             served_model_name=args.served_model_name,
+            api_key=api_key,
+            max_body_bytes=args.max_body_bytes,
             keep_old_weights=args.test_keep_old_weights,
             label_kept_weights=args.test_label_kept_weights,
         ),
@@ -83,38 +135,56 @@ def run_engine(args: argparse.Namespace) -> int:
     return 0
 
 
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` and listening; raises ``OSError`` (the port is
+    taken, the address is not this machine's)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 async def serve_engine(
     model_dir: str,
-    host: str,
-    port: int,
+    sock: socket.socket,
     *,
     max_batch: int = 16,
     require_complete: bool = False,
     served_model_name: str | None = None,
+    api_key: str | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
     keep_old_weights: bool = False,
     label_kept_weights: bool = False,
 ) -> None:
     """Load the model, then serve it on asyncio until SIGTERM or SIGINT (after which requests
     in flight get a second to finish).
 
-    The listening socket is bound before the model loads, so a port clash fails at once;
-    connections made while the model loads are answered once it is in memory.
+    ``sock`` listens already (see :func:`listening_socket`): it is bound before the model
+    loads, so a port clash fails at once; connections made while the model loads are
+    answered once it is in memory.
     """
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(128)
-    url = f"http://{host}:{sock.getsockname()[1]}"
+    host, port = sock.getsockname()[:2]
+    url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
     model_host = await anyio.to_thread.run_sync(
         lambda: ModelHost(
             model_dir, keep_old_weights=keep_old_weights, label_kept_weights=label_kept_weights
         )
     )
+    # The first encode settles the tokenizer's truncation and padding state (a write); the
+    # ones after it only read, so requests may be tokenized in several threads at once.
+    await anyio.to_thread.run_sync(model_host.encode, "warm-up")
     engine = EmbeddedEngine(
         model_host,
         max_batch=max_batch,
         require_complete=require_complete,
         served_model_name=served_model_name,
+        api_key=api_key,
+        max_body_bytes=max_body_bytes,
     )
     config = Config()
     config.bind = [f"fd://{sock.fileno()}"]
@@ -130,6 +200,20 @@ async def serve_engine(
         await serve(app, config, shutdown_trigger=stop.wait)
         engine.close()
     log.info("actorsys engine at %s stopped", url)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _usage(message: str) -> int:
+    sys.stderr.write(f"actorsys engine: {message}\n")
+    return EXIT_USAGE
 
 
 async def _stop_on_signal(stop: anyio.Event) -> None:

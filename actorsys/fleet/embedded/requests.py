@@ -3,10 +3,17 @@ generation requests, with errors that name the bad field.
 
 ``/v1/completions`` takes what lm-evaluation-harness' ``local-completions`` model sends: prompts
 as strings or token id lists, ``stop`` sequences, and for log-likelihoods ``echo`` with
-``logprobs`` (and ``max_tokens`` 0 or 1)."""
+``logprobs`` (and ``max_tokens`` 0 or 1).
+
+Every value is checked here, per request, so that nothing a client sends can fail the batch it
+is generated in: sampling values must be finite and in range (a temperature of 1e-300 would
+turn the logits into infinities, a seed past 64 bits fails torch's generator), and a request
+holds at most ``MAX_SEQUENCES`` prompts and ``MAX_STOP`` stop sequences."""
 
 from __future__ import annotations
 
+import json
+import math
 from typing import Any, Protocol
 
 from actorsys._errors import ActorsysError
@@ -14,10 +21,39 @@ from actorsys.fleet.embedded.model import GenerationRequest
 
 MAX_SEQUENCES = 256
 MAX_LOGPROBS = 20
+MAX_STOP = 32
+MAX_STOP_CHARS = 1024
+MIN_TEMPERATURE = 1e-5
+MAX_TEMPERATURE = 1e3
+SEED_RANGE = (-(2**63), 2**64)
+"""torch's ``Generator.manual_seed`` takes exactly these."""
 
 
 class BadRequest(ActorsysError, ValueError):  # noqa: N818 - it is an HTTP 400, named as such
-    """A request body the engine cannot serve; the message names the field."""
+    """A request body the engine cannot serve; the message names the field. ``status`` is the
+    HTTP status it is answered with."""
+
+    status = 400
+
+
+class BodyTooLarge(BadRequest):
+    """A request body over the engine's size limit (HTTP 413)."""
+
+    status = 413
+
+
+def parse_body(data: bytes) -> dict[str, Any]:
+    """A request body as a JSON object; :class:`BadRequest` for anything else (invalid JSON,
+    invalid UTF-8, nesting too deep for the parser, another JSON type)."""
+    try:
+        body = json.loads(data)
+    except RecursionError:
+        raise BadRequest("the body is nested too deeply to parse") from None
+    except ValueError as exc:
+        raise BadRequest(f"the body is not JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object")
+    return body
 
 
 class Tokenizing(Protocol):
@@ -38,10 +74,10 @@ def generate_requests(
     if text is not None:
         single = isinstance(text, str)
         prompts = [text] if single else _strings(text, "text")
-        id_lists = [host.encode(prompt) for prompt in prompts]
+        id_lists = [_encode(host, prompt, "text") for prompt in prompts]
     else:
-        single = isinstance(input_ids, list) and all(isinstance(i, int) for i in input_ids)
-        id_lists = _id_lists([input_ids] if single else input_ids)
+        single = isinstance(input_ids, list) and all(_is_int(i) for i in input_ids)
+        id_lists = _id_lists([input_ids] if single else input_ids, "input_ids")
     params = body.get("sampling_params") or {}
     param_list = params if isinstance(params, list) else [params] * len(id_lists)
     if len(param_list) != len(id_lists) or not all(isinstance(p, dict) for p in param_list):
@@ -81,13 +117,13 @@ def completion_requests(body: dict[str, Any], host: Tokenizing) -> list[Generati
         raise BadRequest(f"echo: expected true or false, got {echo!r}")
     prompt = body.get("prompt")
     if isinstance(prompt, str):
-        id_lists = [host.encode(prompt)]
-    elif isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
+        id_lists = [_encode(host, prompt, "prompt")]
+    elif isinstance(prompt, list) and prompt and all(_is_int(p) for p in prompt):
         id_lists = [list(prompt)]
     elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-        id_lists = [host.encode(p) for p in prompt]
+        id_lists = [_encode(host, p, "prompt") for p in _strings(prompt, "prompt")]
     elif isinstance(prompt, list) and prompt:
-        id_lists = _id_lists(prompt)
+        id_lists = _id_lists(prompt, "prompt")
     else:
         raise BadRequest("prompt: expected a string, a list of strings, or token ids")
     return [
@@ -137,12 +173,20 @@ def _request(
             f"{prefix}{max_tokens_field}: prompt ({len(ids)} tokens) + {max_tokens} exceeds the "
             f"model's {host.max_positions} positions"
         )
-    if isinstance(temperature, bool) or not isinstance(temperature, int | float) or temperature < 0:
-        raise BadRequest(f"{prefix}temperature: expected a number >= 0, got {temperature!r}")
-    if isinstance(top_p, bool) or not isinstance(top_p, int | float) or not 0 < top_p <= 1:
+    if not _is_number(temperature) or not (
+        temperature == 0 or MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE
+    ):
+        raise BadRequest(
+            f"{prefix}temperature: expected 0 (greedy) or a number in [{MIN_TEMPERATURE:g}, "
+            f"{MAX_TEMPERATURE:g}], got {temperature!r}"
+        )
+    if not _is_number(top_p) or not 0 < top_p <= 1:
         raise BadRequest(f"{prefix}top_p: expected a number in (0, 1], got {top_p!r}")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise BadRequest(f"{prefix}seed: expected an integer or null, got {seed!r}")
+    low, high = SEED_RANGE
+    if seed is not None and (not _is_int(seed) or not low <= seed < high):
+        raise BadRequest(
+            f"{prefix}seed: expected an integer in [-2**63, 2**64) or null, got {seed!r}"
+        )
     if not isinstance(ignore_eos, bool):
         raise BadRequest(f"{prefix}ignore_eos: expected true or false, got {ignore_eos!r}")
     return GenerationRequest(
@@ -166,6 +210,10 @@ def _stop(value: Any, field: str) -> tuple[str, ...]:
         value = [value]
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise BadRequest(f"{field}: expected a string, a list of strings, or null")
+    if len(value) > MAX_STOP or any(len(v) > MAX_STOP_CHARS for v in value):
+        raise BadRequest(
+            f"{field}: at most {MAX_STOP} stop sequences of at most {MAX_STOP_CHARS} characters"
+        )
     return tuple(v for v in value if v)
 
 
@@ -177,13 +225,40 @@ def _strings(value: Any, field: str) -> list[str]:
     return value
 
 
-def _id_lists(value: Any) -> list[list[int]]:
+def _id_lists(value: Any, field: str) -> list[list[int]]:
     if (
         not isinstance(value, list)
         or not value
-        or not all(isinstance(ids, list) and all(isinstance(i, int) for i in ids) for ids in value)
+        or not all(isinstance(ids, list) and all(_is_int(i) for i in ids) for ids in value)
     ):
-        raise BadRequest("input_ids: expected a list of token ids, or a list of such lists")
+        raise BadRequest(f"{field}: expected a list of token ids, or a list of such lists")
     if len(value) > MAX_SEQUENCES:
-        raise BadRequest(f"input_ids: at most {MAX_SEQUENCES} sequences per request")
+        raise BadRequest(f"{field}: at most {MAX_SEQUENCES} sequences per request")
     return value
+
+
+def _encode(host: Tokenizing, text: str, field: str) -> list[int]:
+    if not is_utf8(text):
+        raise BadRequest(f"{field}: the text is not valid Unicode (a lone surrogate escape)")
+    return host.encode(text)
+
+
+def is_utf8(text: str) -> bool:
+    """Whether ``text`` encodes as UTF-8 (JSON's ``\\ud800`` escapes parse into strings
+    that do not, and that tokenizers and JSON responses refuse)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    """A finite int or float (JSON has no NaN, but Python's parser accepts ``NaN``)."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return _is_int(value)

@@ -7,6 +7,14 @@ waits for the running batch, and no batch starts until the load is done (the eng
 the way vLLM's ``/pause?mode=wait`` does), so every answer comes from one checkpoint and is
 stamped with its version (``meta_info.weight_version`` / ``metadata.weight_version``).
 
+With an ``api_key`` every route but ``/health`` answers only requests that carry
+``Authorization: Bearer KEY`` (401 otherwise): anyone else who can connect could swap the
+weights under the pinned label. Bodies are read up to ``max_body_bytes`` (413 past it), then
+parsed, checked and tokenized in a worker thread, so a large prompt never stalls the event
+loop (``/health`` keeps answering); a request that fails its checks is a 400 naming the field.
+A batch that fails as a whole is generated again request by request, so one request the checks
+missed fails alone, never the requests batched with it.
+
 Written on anyio: the engine process serves it on asyncio with hypercorn (whose trio worker
 can crash the whole server when a connection closes while a response is being sent on it,
 which sglang-router's HTTP/2 traffic triggers), and the tests drive it in process under trio.
@@ -19,13 +27,14 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
@@ -38,9 +47,21 @@ from actorsys.fleet.embedded.model import (
     ModelHost,
     stop_index,
 )
-from actorsys.fleet.embedded.requests import BadRequest, completion_requests, generate_requests
+from actorsys.fleet.embedded.requests import (
+    BadRequest,
+    BodyTooLarge,
+    completion_requests,
+    generate_requests,
+    is_utf8,
+    parse_body,
+)
+from actorsys.fleet.vllm_worker.actorsys_api_key import ApiKeyMiddleware
 
 log = logging.getLogger("actorsys.engine")
+
+MAX_BODY_BYTES = 4 * 1024 * 1024
+PARSE_THREADS = 4
+T = TypeVar("T")
 
 
 class GenerationFailed(ActorsysError, RuntimeError):
@@ -70,13 +91,21 @@ class EmbeddedEngine:
         max_batch: int = 16,
         require_complete: bool = False,
         served_model_name: str | None = None,
+        api_key: str | None = None,
+        max_body_bytes: int = MAX_BODY_BYTES,
     ) -> None:
         self.host = host
         self.max_batch = max_batch
         self.require_complete = require_complete
         self.served_model_name = served_model_name or host.model_dir
+        self.api_key = api_key
+        self.max_body_bytes = max_body_bytes
         self.lock = anyio.Lock()
         self._send, self._receive = anyio.create_memory_object_stream[_Job](math.inf)
+        # A few bodies are parsed at once, so that one huge prompt does not hold up the rest.
+        # Encoding borrows the Rust tokenizer immutably (nothing here changes its truncation
+        # or padding), so concurrent encodes are safe.
+        self._parse_limiter = anyio.CapacityLimiter(PARSE_THREADS)
 
     def close(self) -> None:
         """Let ``run`` return once the queued jobs are done; no job can be queued after."""
@@ -99,21 +128,31 @@ class EmbeddedEngine:
                     break
                 jobs.append(job)
                 size += len(job.requests)
-            batch = [request for job in jobs for request in job.requests]
-            try:
-                async with self.lock:
-                    results = await anyio.to_thread.run_sync(self.host.generate, batch)
-            except Exception as exc:
-                log.exception("generation failed")
+            await self._generate_jobs(jobs)
+
+    async def _generate_jobs(self, jobs: list[_Job]) -> None:
+        """Generate ``jobs`` in one batch and answer each; if the batch fails, generate each
+        job alone, so only the jobs that fail on their own get the error."""
+        batch = [request for job in jobs for request in job.requests]
+        try:
+            async with self.lock:
+                results = await anyio.to_thread.run_sync(self.host.generate, batch)
+        except Exception as exc:
+            if len(jobs) > 1:
+                log.warning("a batch of %d requests failed (%r); generating them one by one",
+                            len(jobs), exc)
                 for job in jobs:
-                    job.error = f"generation failed: {exc!r}"
-                    job.done.set()
-                continue
-            offset = 0
-            for job in jobs:
-                job.results = results[offset : offset + len(job.requests)]
-                offset += len(job.requests)
-                job.done.set()
+                    await self._generate_jobs([job])
+                return
+            log.exception("generation failed")
+            jobs[0].error = f"generation failed: {exc!r}"
+            jobs[0].done.set()
+            return
+        offset = 0
+        for job in jobs:
+            job.results = results[offset : offset + len(job.requests)]
+            offset += len(job.requests)
+            job.done.set()
 
     async def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         """Queue ``requests`` as one group and wait for their results. Raises
@@ -147,7 +186,38 @@ class EmbeddedEngine:
             Route("/generate", self._generate, methods=["POST"]),
             Route("/v1/completions", self._completions, methods=["POST"]),
         ]
-        return Starlette(routes=routes, exception_handlers={GenerationFailed: _failed})
+        middleware = [Middleware(ApiKeyMiddleware, key=self.api_key)] if self.api_key else []
+        return Starlette(
+            routes=routes,
+            middleware=middleware,
+            exception_handlers={GenerationFailed: _failed, BadRequest: _refused},
+        )
+
+    async def _body(self, request: Request) -> bytes:
+        """The request's body, read up to ``max_body_bytes``; :class:`BodyTooLarge` past
+        it (before reading it, if the client declared its length)."""
+        limit = self.max_body_bytes
+        too_large = BodyTooLarge(f"the body is larger than the engine's limit of {limit} bytes")
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise too_large
+        data = bytearray()
+        try:
+            async for chunk in request.stream():
+                data += chunk
+                if len(data) > limit:
+                    raise too_large
+        except ClientDisconnect:
+            raise BadRequest("the client closed the connection before the body ended") from None
+        return bytes(data)
+
+    async def _parsed(self, request: Request, build: Callable[[dict[str, Any]], T]) -> T:
+        """``build`` applied to the request's JSON body, parsed and built in a worker thread
+        (JSON decoding and tokenizing a large prompt take seconds)."""
+        data = await self._body(request)
+        return await anyio.to_thread.run_sync(
+            lambda: build(parse_body(data)), limiter=self._parse_limiter
+        )
 
     async def _health(self, request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok"})
@@ -193,7 +263,7 @@ class EmbeddedEngine:
 
     async def _update_weights(self, request: Request) -> JSONResponse:
         try:
-            body = await _json_body(request)
+            body = await self._parsed(request, lambda body: body)
             path = body.get("model_path")
             if not isinstance(path, str) or not path:
                 raise BadRequest("model_path: expected the checkpoint directory as a string")
@@ -206,17 +276,16 @@ class EmbeddedEngine:
             await self.load(path, version, require)
         except (BadRequest, CheckpointMismatchError) as exc:
             log.warning("refused to load weights: %s", exc)
-            return JSONResponse({"success": False, "message": str(exc)}, status_code=400)
+            status = exc.status if isinstance(exc, BadRequest) else 400
+            return JSONResponse({"success": False, "message": str(exc)}, status_code=status)
         log.info("loaded %s as version %s", path, self.host.version)
         message = "Succeeded to update model weights."
         return JSONResponse({"success": True, "message": message, "num_paused_requests": 0})
 
     async def _generate(self, request: Request) -> JSONResponse:
-        try:
-            body = await _json_body(request)
-            requests, single = generate_requests(body, self.host)
-        except BadRequest as exc:
-            return JSONResponse({"error": {"message": str(exc)}}, status_code=400)
+        requests, single = await self._parsed(
+            request, lambda body: generate_requests(body, self.host)
+        )
         results = await self.generate(requests)
         answers = [
             {
@@ -235,11 +304,9 @@ class EmbeddedEngine:
         return JSONResponse(answers[0] if single else answers)
 
     async def _completions(self, request: Request) -> JSONResponse:
-        try:
-            body = await _json_body(request)
-            requests = completion_requests(body, self.host)
-        except BadRequest as exc:
-            return JSONResponse({"error": {"message": str(exc)}}, status_code=400)
+        model, requests = await self._parsed(
+            request, lambda body: (body.get("model"), completion_requests(body, self.host))
+        )
         results = await self.generate(requests)
         choices = [
             self._choice(index, req, result)
@@ -252,7 +319,8 @@ class EmbeddedEngine:
                 "id": f"cmpl-{uuid.uuid4().hex}",
                 "object": "text_completion",
                 "created": int(time.time()),
-                "model": body.get("model") or self.served_model_name,
+                "model": model if isinstance(model, str) and model and is_utf8(model)
+                else self.served_model_name,
                 "choices": choices,
                 "usage": {
                     "prompt_tokens": prompt_tokens,
@@ -290,11 +358,6 @@ async def _failed(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse({"error": {"message": str(exc)}}, status_code=500)
 
 
-async def _json_body(request: Request) -> dict[str, Any]:
-    try:
-        body = await request.json()
-    except ValueError as exc:
-        raise BadRequest(f"the body is not JSON: {exc}") from exc
-    if not isinstance(body, dict):
-        raise BadRequest("the body must be a JSON object")
-    return body
+async def _refused(request: Request, exc: Exception) -> JSONResponse:
+    status = exc.status if isinstance(exc, BadRequest) else 400
+    return JSONResponse({"error": {"message": str(exc)}}, status_code=status)

@@ -5,3 +5,5 @@ import os
 
 WORKER_DIR = os.path.dirname(os.path.abspath(__file__))
 EXTENSION_CLASS = "actorsys_vllm_worker.TiedWeightsReload"
+API_KEY_MIDDLEWARE = "actorsys_api_key.ApiKeyMiddleware"
+"""vLLM's ``--middleware`` that guards every route but ``/health`` with ``VLLM_API_KEY``."""
