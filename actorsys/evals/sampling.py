@@ -5,7 +5,8 @@
 Every prompt is sent ``n_samples`` times through ``fleet.complete``, which bounds the requests
 in flight, gives each a deadline, retries failures and checks the version of every answer. A
 request that still fails scores 0 and is counted in ``eval/<name>/errors``; a scorer that
-raises scores its answer 0 and is counted in ``eval/<name>/scorer_errors``. Only if every
+raises, or takes longer than the dataset's ``score_timeout``, scores its answer 0 and is
+counted in ``eval/<name>/scorer_errors``. Only if every
 request of the evaluation failed is the point skipped (``unhealthy``): a score of 0 from a
 dead fleet would read as a real result.
 """
@@ -16,13 +17,11 @@ import logging
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-import trio
-
 from actorsys._errors import ConfigError
 from actorsys.contracts import EvalSkip, RolloutFnEvalOutput
 from actorsys.evals.datasets import EvalDataset
 from actorsys.evals.metrics import Sample, dataset_metrics
-from actorsys.evals.scorers import score, scorer_name
+from actorsys.evals.scoring_pool import score_in_workers
 from actorsys.fleet.completions import Completion
 
 log = logging.getLogger("actorsys.evals")
@@ -79,8 +78,8 @@ async def evaluate_datasets(
     ``data["samples"][name]`` (prompt, answer, label, score per sample).
 
     Raises :class:`EvalSkip` (``unhealthy``) if every request failed, and lets the fleet's
-    ``pin_violation`` (a stale answer) through. Blocks on the engines, then on scoring in a
-    worker thread (abandoned if cancelled); the caller's cancel scope bounds both.
+    ``pin_violation`` (a stale answer) through. Blocks on the engines, then on scoring in
+    worker processes (killed if cancelled); the caller's cancel scope bounds both.
     """
     answers: list[list[Completion]] = []
     for dataset in datasets:
@@ -99,10 +98,7 @@ async def evaluate_datasets(
     total = sum(len(batch) for batch in answers)
     if failed and len(failed) == total:
         raise EvalSkip("unhealthy", f"all {total} requests failed; the first: {failed[0].error}")
-    scored = await trio.to_thread.run_sync(
-        lambda: [score_answers(d, batch) for d, batch in zip(datasets, answers, strict=True)],
-        abandon_on_cancel=True,
-    )
+    scored = [await score_answers(d, batch) for d, batch in zip(datasets, answers, strict=True)]
     metrics: dict[str, float] = {}
     samples: dict[str, list[dict[str, Any]]] = {}
     for dataset, batch_samples in zip(datasets, scored, strict=True):
@@ -111,26 +107,34 @@ async def evaluate_datasets(
     return RolloutFnEvalOutput(data={"samples": samples}, metrics=metrics)
 
 
-def score_answers(dataset: EvalDataset, answers: Sequence[Completion]) -> list[Sample]:
-    """Score ``answers`` (``n_samples`` per record, in record order). Blocking."""
+async def score_answers(dataset: EvalDataset, answers: Sequence[Completion]) -> list[Sample]:
+    """Score ``answers`` (``n_samples`` per record, in record order) in the scoring workers,
+    each within ``dataset.score_timeout`` (see :mod:`actorsys.evals.scoring_pool`)."""
+    records = [dataset.records[index // dataset.n_samples] for index in range(len(answers))]
+    pass_record = callable(dataset.scorer)
+    answered = [index for index, answer in enumerate(answers) if answer.error is None]
+    scores = await score_in_workers(
+        dataset.scorer,
+        [
+            (answers[i].text, records[i][dataset.label_key], records[i] if pass_record else None)
+            for i in answered
+        ],
+        score_timeout=dataset.score_timeout,
+    )
+    by_index = dict(zip(answered, scores, strict=True))
+    failures = [scored.error for scored in scores if scored.error is not None]
+    if failures:
+        log.warning("%s: %s (scored 0; %d answers counted in scorer_errors)", dataset.name,
+                    failures[0], len(failures))
     samples = []
-    scorer_failures = 0
     for index, answer in enumerate(answers):
-        record = dataset.records[index // dataset.n_samples]
-        prompt, label = record[dataset.input_key], record[dataset.label_key]
+        prompt, label = records[index][dataset.input_key], records[index][dataset.label_key]
         if answer.error is not None:
             samples.append(Sample(prompt, "", label, 0.0, error=answer.error, request_failed=True))
             continue
-        error = None
-        try:
-            value = score(dataset.scorer, answer.text, label, record)
-        except Exception as exc:
-            value, error = 0.0, f"scorer {scorer_name(dataset.scorer)} raised {exc!r}"
-            if not scorer_failures:
-                log.warning("%s: %s (scored 0; counted in scorer_errors)", dataset.name, error)
-            scorer_failures += 1
+        scored = by_index[index]
         samples.append(
-            Sample(prompt, answer.text, label, value, answer.finish_reason,
-                   answer.completion_tokens, error)
+            Sample(prompt, answer.text, label, scored.value, answer.finish_reason,
+                   answer.completion_tokens, scored.error)
         )
     return samples
