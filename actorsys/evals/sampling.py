@@ -15,10 +15,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from functools import partial
 from typing import Any, Protocol
+
+import trio
 
 from actorsys._errors import ConfigError
 from actorsys.contracts import EvalSkip, RolloutFnEvalOutput
+from actorsys.evals._mock_clock import holding_mock_clock
+from actorsys.evals.context_fit import Fit, fit_datasets
 from actorsys.evals.datasets import EvalDataset
 from actorsys.evals.metrics import Sample, dataset_metrics
 from actorsys.evals.scoring_pool import score_in_workers
@@ -34,7 +39,7 @@ class CompletingFleet(Protocol):
         self,
         prompts: Sequence[str],
         *,
-        max_tokens: int = ...,
+        max_tokens: int | Sequence[int] = ...,
         temperature: float = ...,
         concurrency: int = ...,
         request_timeout: float = ...,
@@ -73,32 +78,42 @@ async def evaluate_datasets(
     concurrency: int,
     request_timeout: float,
     retries: int,
+    checkpoint_dir: str | None = None,
 ) -> RolloutFnEvalOutput:
     """Sample and score every dataset on ``fleet``; the metrics and
-    ``data["samples"][name]`` (prompt, answer, label, score per sample).
+    ``data["samples"][name]`` (prompt, answer, label, score per sample). With
+    ``checkpoint_dir`` (the snapshot the fleet serves), requests are fitted to its context
+    (:mod:`actorsys.evals.context_fit`).
 
-    Raises :class:`EvalSkip` (``unhealthy``) if every request failed, and lets the fleet's
+    Raises :class:`EvalSkip` if every request failed: ``bad_request`` if the server refused
+    them all (a 4xx; the first message is the detail), else ``unhealthy``; and lets the fleet's
     ``pin_violation`` (a stale answer) through. Blocks on the engines, then on scoring in
     worker processes (killed if cancelled); the caller's cancel scope bounds both.
     """
-    answers: list[list[Completion]] = []
-    for dataset in datasets:
-        prompts = [prompt for prompt in dataset.prompts for _ in range(dataset.n_samples)]
-        answers.append(
-            await fleet.complete(
-                prompts,
-                concurrency=concurrency,
-                request_timeout=request_timeout,
-                retries=retries,
-                keep_failures=True,
-                **dataset.sampling_kwargs(),
+    fits = None
+    if checkpoint_dir is not None:
+        async with holding_mock_clock():
+            fits = await trio.to_thread.run_sync(
+                partial(fit_datasets, checkpoint_dir, datasets), abandon_on_cancel=True
             )
+    answers: list[list[Completion]] = []
+    cuts: list[list[bool]] = []
+    for index, dataset in enumerate(datasets):
+        batch, cut = await _sample(
+            fleet, dataset, None if fits is None else fits[index], concurrency=concurrency,
+            request_timeout=request_timeout, retries=retries,
         )
+        answers.append(batch)
+        cuts.append(cut)
     failed = [a for batch in answers for a in batch if a.error is not None]
     total = sum(len(batch) for batch in answers)
     if failed and len(failed) == total:
-        raise EvalSkip("unhealthy", f"all {total} requests failed; the first: {failed[0].error}")
-    scored = [await score_answers(d, batch) for d, batch in zip(datasets, answers, strict=True)]
+        reason = "bad_request" if all(a.bad_request for a in failed) else "unhealthy"
+        raise EvalSkip(reason, f"all {total} requests failed; the first: {failed[0].error}")
+    scored = [
+        await score_answers(d, batch, cut)
+        for d, batch, cut in zip(datasets, answers, cuts, strict=True)
+    ]
     metrics: dict[str, float] = {}
     samples: dict[str, list[dict[str, Any]]] = {}
     for dataset, batch_samples in zip(datasets, scored, strict=True):
@@ -107,9 +122,56 @@ async def evaluate_datasets(
     return RolloutFnEvalOutput(data={"samples": samples}, metrics=metrics)
 
 
-async def score_answers(dataset: EvalDataset, answers: Sequence[Completion]) -> list[Sample]:
+async def _sample(
+    fleet: CompletingFleet,
+    dataset: EvalDataset,
+    fits: Sequence[Fit] | None,
+    *,
+    concurrency: int,
+    request_timeout: float,
+    retries: int,
+) -> tuple[list[Completion], list[bool]]:
+    """Every prompt of ``dataset`` ``n_samples`` times, each asking for what ``fits`` leaves
+    it (a prompt that fills the context alone is not sent: a failed, bad request); the
+    answers in order, and whether each one's ``max_tokens`` was cut."""
+    per_sample = [
+        (prompt, None if fits is None else fits[p])
+        for p, prompt in enumerate(dataset.prompts)
+        for _ in range(dataset.n_samples)
+    ]
+    sent = [i for i, (_, fit) in enumerate(per_sample) if fit is None or fit.max_tokens is not None]
+    limits = [dataset.max_tokens if fit is None or fit.max_tokens is None else fit.max_tokens
+              for _, fit in per_sample]
+    settings = dataset.sampling_kwargs()
+    if any(limits[i] != dataset.max_tokens for i in sent):
+        settings["max_tokens"] = [limits[i] for i in sent]
+    got = iter(
+        await fleet.complete(
+            [per_sample[i][0] for i in sent],
+            concurrency=concurrency,
+            request_timeout=request_timeout,
+            retries=retries,
+            keep_failures=True,
+            **settings,
+        )
+        if sent else []
+    )
+    answers = []
+    for index, (prompt, fit) in enumerate(per_sample):
+        if fit is not None and fit.max_tokens is None:
+            answers.append(Completion(index, prompt, "", None, None, "", error=fit.refusal,
+                                      bad_request=True))
+        else:
+            answers.append(next(got))
+    return answers, [fit is not None and fit.cut for _, fit in per_sample]
+
+
+async def score_answers(
+    dataset: EvalDataset, answers: Sequence[Completion], cut: Sequence[bool] | None = None
+) -> list[Sample]:
     """Score ``answers`` (``n_samples`` per record, in record order) in the scoring workers,
-    each within ``dataset.score_timeout`` (see :mod:`actorsys.evals.scoring_pool`)."""
+    each within ``dataset.score_timeout`` (see :mod:`actorsys.evals.scoring_pool`); ``cut``
+    marks the answers whose ``max_tokens`` was cut to fit the context."""
     records = [dataset.records[index // dataset.n_samples] for index in range(len(answers))]
     pass_record = callable(dataset.scorer)
     answered = [index for index, answer in enumerate(answers) if answer.error is None]
@@ -135,6 +197,6 @@ async def score_answers(dataset: EvalDataset, answers: Sequence[Completion]) -> 
         scored = by_index[index]
         samples.append(
             Sample(prompt, answer.text, label, scored.value, answer.finish_reason,
-                   answer.completion_tokens, scored.error)
+                   answer.completion_tokens, scored.error, cut=bool(cut and cut[index]))
         )
     return samples

@@ -21,8 +21,9 @@ alone overran. A worker's first job may import heavy modules (sympy), so each ca
 warms its workers, bounded by :data:`WARM_TIMEOUT` instead of ``score_timeout``.
 
 Under trio's MockClock with autojump (deterministic tests), the clock is held while a scoring
-call runs: its waits on the workers' pipes look idle to trio, and a jump would expire
-``score_timeout`` (and every other deadline) at once.
+call runs (:func:`~actorsys.evals._mock_clock.holding_mock_clock`): its waits on the workers'
+pipes look idle to trio, and a jump would expire ``score_timeout`` (and every other deadline)
+at once.
 """
 
 from __future__ import annotations
@@ -31,16 +32,15 @@ import logging
 import math
 import os
 import pickle
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import cloudpickle
 import trio
-import trio.testing
 import trio_parallel
 
+from actorsys.evals._mock_clock import holding_mock_clock
 from actorsys.evals.scorers import Scorer, score, scorer_name
 
 log = logging.getLogger("actorsys.evals")
@@ -97,7 +97,7 @@ async def score_in_workers(
     if not items:
         return []
     results: list[Scored] = [Scored(0.0, "not scored")] * len(items)
-    async with _holding_mock_clock():
+    async with holding_mock_clock():
         failure = await _warm(scorer, SCORING_WORKERS)
         if failure is not None:
             log.warning("scoring workers could not start: %s (every answer scored 0)", failure)
@@ -168,21 +168,6 @@ def _limiters() -> tuple[trio.CapacityLimiter, trio.CapacityLimiter]:
         limiters = (trio.CapacityLimiter(SCORING_WORKERS), trio.CapacityLimiter(math.inf))
         _LIMITERS.set(limiters)
         return limiters
-
-
-@asynccontextmanager
-async def _holding_mock_clock() -> AsyncIterator[None]:
-    """While the body runs, an autojumping MockClock does not jump: a task waiting for all
-    tasks to be blocked counts as activity to it. Under any other clock, nothing."""
-    if not isinstance(trio.lowlevel.current_clock(), trio.testing.MockClock):
-        yield
-        return
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(trio.testing.wait_all_tasks_blocked, math.inf)
-        try:
-            yield
-        finally:
-            nursery.cancel_scope.cancel()
 
 
 def score_batch(scorer: Scorer, items: Sequence[Item]) -> list[tuple[float, str | None]]:

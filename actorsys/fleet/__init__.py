@@ -9,7 +9,12 @@
   only from ``actorsys.fleet.ray``, so this package never needs Ray).
 """
 
-from actorsys.fleet.completions import Completion, CompletionError, StaleWeightsError
+from actorsys.fleet.completions import (
+    BadRequestError,
+    Completion,
+    CompletionError,
+    StaleWeightsError,
+)
 from actorsys.fleet.engine import (
     CheckpointRejectedError,
     Engine,
@@ -23,6 +28,7 @@ from actorsys.fleet.sglang import SGLangEngine
 from actorsys.fleet.vllm import VLLMEngine
 
 __all__ = [
+    "BadRequestError",
     "CheckpointRejectedError",
     "Completion",
     "CompletionError",
