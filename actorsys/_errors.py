@@ -20,6 +20,8 @@ One root, a flat set of precise meanings; each error carries its context as attr
     ├── EvalSkip                an eval fn skips its point; ``reason``, ``detail``
     │   └── CompletionError       (fleet.completions) a completion request failed: ``url``,
     │       │                     ``index``; ``reason`` unhealthy
+    │       ├── BadRequestError     the server refused the request itself (a 4xx), never
+    │       │                       retried; ``reason`` bad_request
     │       └── StaleWeightsError   an answer came from other weights: ``expected``, ``actual``;
     │                               ``reason`` pin_violation
     ├── PinError                (fleet.errors) a pin failed: ``engine``, ``reason``

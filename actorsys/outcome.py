@@ -19,6 +19,7 @@ SKIP_REASONS: tuple[str, ...] = (
     "ckpt_missing",
     "ckpt_invalid",
     "unhealthy",
+    "bad_request",
     "pin_violation",
     "pin_timeout",
     "timeout",

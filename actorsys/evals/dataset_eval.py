@@ -28,7 +28,9 @@ class DatasetEval(CheckpointEvalFn):
     ``request_timeout`` seconds and is retried ``retries`` times (on the next engine) before it
     counts as an error, scored 0. Every answer's weight version is checked against the pin (a
     stale one skips the point ``pin_violation``); if every request fails the point skips
-    ``unhealthy``. Blocks on the engines; the supervisor's ``eval_timeout`` and close cancel
+    ``unhealthy``, or ``bad_request`` if the engines refused them all (a 4xx, such as a prompt
+    too long). Requests are fitted to the snapshot's context first (``max_tokens`` cut to what
+    each prompt leaves). Blocks on the engines; the supervisor's ``eval_timeout`` and close cancel
     it. Bad arguments raise :class:`~actorsys.ConfigError` at construction.
     """
 
@@ -66,4 +68,5 @@ class DatasetEval(CheckpointEvalFn):
             concurrency=self.concurrency,
             request_timeout=self.request_timeout,
             retries=self.retries,
+            checkpoint_dir=checkpoint_dir,
         )

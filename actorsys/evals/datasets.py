@@ -31,9 +31,10 @@ from actorsys.evals.scorers import (
     parse_number,
     scorer_name,
 )
+from actorsys.evals.scoring_pool import pickling_problem
 
 SAMPLING_FIELDS = ("input_key", "label_key", "n_samples", "max_tokens", "temperature", "top_p",
-                   "stop", "scorer", "limit")
+                   "stop", "scorer", "limit", "score_timeout")
 """The settings of a dataset beyond its name and records (what ``defaults`` may set)."""
 
 
@@ -57,6 +58,8 @@ class EvalDataset:
     Build it with :meth:`from_jsonl` (or :func:`~actorsys.evals.load_eval_config`); the
     constructor takes ``records`` in memory. Every prompt is sampled ``n_samples`` times
     (pass@k needs several samples; with ``temperature=0`` they are all the greedy answer).
+    Each answer is scored in a worker process within ``score_timeout`` seconds (one past it
+    scores 0, counted in ``eval/<name>/scorer_errors``), so a callable ``scorer`` must pickle.
     """
 
     name: str
@@ -71,6 +74,7 @@ class EvalDataset:
     stop: tuple[str, ...] | None = None
     scorer: Scorer = "exact"
     limit: int | None = None
+    score_timeout: float = 10.0
     _lines: tuple[int, ...] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -88,11 +92,15 @@ class EvalDataset:
             _require_int(where, "limit", self.limit, minimum=1)
         _require_number(where, "temperature", self.temperature, low=0.0, low_open=False)
         _require_number(where, "top_p", self.top_p, low=0.0, low_open=True, high=1.0)
+        _require_number(where, "score_timeout", self.score_timeout, low=0.0, low_open=True)
         object.__setattr__(self, "stop", _check_stop(where, self.stop))
         try:
             object.__setattr__(self, "scorer", check_scorer(self.scorer))
         except ConfigError as exc:
             raise DatasetError(where, None, "scorer", str(exc).removeprefix("scorer: ")) from None
+        problem = pickling_problem(self.scorer)
+        if problem is not None:
+            raise DatasetError(where, None, "scorer", problem)
         if self.scorer == "math" and importlib.util.find_spec("math_verify") is None:
             raise DatasetError(where, None, "scorer", "the math scorer needs math-verify: "
                                                       "pip install 'actorsys[math]'")
@@ -121,6 +129,7 @@ class EvalDataset:
         stop: Sequence[str] | str | None = None,
         scorer: Scorer = "exact",
         limit: int | None = None,
+        score_timeout: float = 10.0,
     ) -> EvalDataset:
         """Read a JSONL file (one JSON object a line; blank lines are skipped); ``name``
         defaults to the file's stem. Reads at most ``limit`` records. Raises
@@ -142,6 +151,7 @@ class EvalDataset:
             stop=tuple([stop] if isinstance(stop, str) else stop) if stop is not None else None,
             scorer=scorer,
             limit=limit,
+            score_timeout=score_timeout,
             _lines=tuple(lines),
         )
 

@@ -7,9 +7,12 @@
 - ``eval/<name>/response_len/mean``: mean completion tokens of the answered samples (left out
   when the engine reports no usage).
 - ``eval/<name>/truncated_ratio``: the share of answered samples that stopped at
-  ``max_tokens`` (finish reason ``length``).
-- ``eval/<name>/errors``: requests that failed after their retries.
-- ``eval/<name>/scorer_errors``: answers whose scorer raised (scored 0).
+  ``max_tokens`` (finish reason ``length``) or whose ``max_tokens`` was cut to fit the
+  model's context.
+- ``eval/<name>/errors``: requests that failed after their retries, or were refused (a
+  prompt too long for the context is one, never sent).
+- ``eval/<name>/scorer_errors``: answers whose scorer raised or overran ``score_timeout``
+  (scored 0).
 - ``eval/<name>/samples``: how many samples were drawn.
 """
 
@@ -24,7 +27,7 @@ from typing import Any
 @dataclass(frozen=True)
 class Sample:
     """One answer to one prompt, scored. ``error`` is why it has no answer (or why its scorer
-    failed); such a sample scores 0."""
+    failed); such a sample scores 0. ``cut``: its ``max_tokens`` was cut to fit the context."""
 
     prompt: str
     answer: str
@@ -34,6 +37,7 @@ class Sample:
     completion_tokens: int | None = None
     error: str | None = None
     request_failed: bool = False
+    cut: bool = False
 
     def as_record(self) -> dict[str, Any]:
         """What ``outcome.data["samples"][name]`` keeps of it."""
@@ -83,7 +87,7 @@ def dataset_metrics(name: str, samples: Sequence[Sample], n_samples: int) -> dic
     lengths = [s.completion_tokens for s in answered if s.completion_tokens is not None]
     if lengths:
         metrics[f"{prefix}/response_len/mean"] = sum(lengths) / len(lengths)
-    truncated = sum(1 for s in answered if s.finish_reason == "length")
+    truncated = sum(1 for s in answered if s.finish_reason == "length" or s.cut)
     metrics[f"{prefix}/truncated_ratio"] = truncated / len(answered) if answered else 0.0
     metrics[f"{prefix}/errors"] = float(len(samples) - len(answered))
     metrics[f"{prefix}/scorer_errors"] = float(

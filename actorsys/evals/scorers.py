@@ -70,7 +70,8 @@ def score(scorer: Scorer, answer: str, label: Any, record: Mapping[str, Any] | N
 
     Raises what the scorer raises, and ``ValueError`` if a callable returns something other
     than a number in [0, 1]; an evaluation counts that and scores the sample 0. Blocking and
-    CPU-bound (``"math"`` runs sympy): call it from a worker thread for many answers.
+    CPU-bound (``"math"`` runs sympy, which an answer can send into work that never ends):
+    evaluations call it in worker processes (:mod:`actorsys.evals.scoring_pool`).
     """
     resolved = check_scorer(scorer)
     if callable(resolved):
@@ -139,8 +140,9 @@ def _choice(answer: str, label: Any) -> float:
 def _math(answer: str, label: Any) -> float:
     from math_verify import parse, verify
 
-    # math-verify bounds its own work with SIGALRM, which only the main thread may use; in
-    # other threads the caller's deadline (the eval timeout) bounds it instead.
+    # math-verify bounds its own work with SIGALRM, which only the main thread may use (a
+    # scoring worker runs it there). Neither bounds a C call that holds the GIL: only killing
+    # the worker at score_timeout (evals.scoring_pool) stops that.
     seconds = MATH_TIMEOUT_SECONDS if threading.current_thread() is threading.main_thread() else None
     gold_text = str(label).strip()
     gold = []

@@ -200,6 +200,7 @@ class ServerEvalFn(CheckpointEvalFn):
                     concurrency=self.concurrency,
                     request_timeout=self.request_timeout,
                     retries=self.retries,
+                    checkpoint_dir=path,
                 )
                 served = await self._version_now(fleet.engines[0])
             except Exception as exc:

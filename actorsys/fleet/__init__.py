@@ -12,7 +12,12 @@
   only from ``actorsys.fleet.ray``, so this package never needs Ray).
 """
 
-from actorsys.fleet.completions import Completion, CompletionError, StaleWeightsError
+from actorsys.fleet.completions import (
+    BadRequestError,
+    Completion,
+    CompletionError,
+    StaleWeightsError,
+)
 from actorsys.fleet.engine import (
     CheckpointRejectedError,
     Engine,
@@ -28,6 +33,7 @@ from actorsys.fleet.verdict import PinVerdict, ProbeCancelledError
 from actorsys.fleet.vllm import VLLMEngine
 
 __all__ = [
+    "BadRequestError",
     "CheckpointRejectedError",
     "Completion",
     "CompletionError",

@@ -40,6 +40,21 @@ class CompletionError(EvalSkip):
         self.retryable = retryable
 
 
+class BadRequestError(CompletionError):
+    """The server refused the request itself (HTTP 4xx: a prompt too long for the model, a
+    value out of range, a wrong key): sending it again cannot help, so it is never retried,
+    and a point whose requests all failed so skips ``bad_request``, not ``unhealthy``."""
+
+    reason = "bad_request"
+
+    def __init__(self, url: str, index: int, message: str) -> None:
+        super().__init__(url, index, message, retryable=False)
+
+
+TRANSIENT_CLIENT_STATUSES = frozenset({408, 429})
+"""4xx answers that say "not now" rather than "never": retried like a 5xx."""
+
+
 class StaleWeightsError(CompletionError):
     """An engine answered with weights other than the pinned version: ``pin_violation``."""
 
@@ -56,7 +71,9 @@ class StaleWeightsError(CompletionError):
 class Completion:
     """One answer. ``weight_version`` is what the engine reported, None where it reports none;
     ``completion_tokens`` the answer's length in tokens where the engine reports usage.
-    ``error`` is set (and ``text`` empty) for a request that failed, when failures are kept."""
+    ``error`` is set (and ``text`` empty) for a request that failed, when failures are kept;
+    ``bad_request`` then says the server refused the request itself (a 4xx), so it would fail
+    again."""
 
     index: int
     prompt: str
@@ -66,6 +83,7 @@ class Completion:
     url: str
     completion_tokens: int | None = None
     error: str | None = None
+    bad_request: bool = False
 
 
 async def complete(
@@ -73,7 +91,7 @@ async def complete(
     prompts: Sequence[str],
     *,
     expected_version: str | None = None,
-    max_tokens: int = 64,
+    max_tokens: int | Sequence[int] = 64,
     temperature: float = 0.0,
     concurrency: int = 8,
     request_timeout: float = 60.0,
@@ -91,12 +109,14 @@ async def complete(
     ``request_timeout`` seconds. The first failure cancels the other requests and raises
     :class:`CompletionError` (or :class:`StaleWeightsError` when ``expected_version`` is given
     and an engine reports another one). ``model`` defaults to the first id the first target
-    lists in ``/v1/models`` (a router needs one). ``extra`` is merged into every request body
-    (e.g. ``{"seed": 0, "top_p": 0.9}``).
+    lists in ``/v1/models`` (a router needs one). ``max_tokens`` is one limit for every prompt,
+    or one per prompt. ``extra`` is merged into every request body (e.g.
+    ``{"seed": 0, "top_p": 0.9}``).
 
     A request that fails (no answer in time, a connection error, a 5xx, a malformed body) is
-    sent again up to ``retries`` times, each time to the next target, after a short backoff;
-    an answer the server refused (a 4xx) is not retried. With ``keep_failures``, a request
+    sent again up to ``retries`` times, each time to the next target, after a short backoff
+    (so is a 408 or 429); a request the server refused (another 4xx) is not retried: it fails
+    as :class:`BadRequestError`. With ``keep_failures``, a request
     that still fails comes back as a :class:`Completion` with ``error`` set instead of failing
     the call; a stale version always fails it. Blocks until every answer is in; cancelling it
     closes the open connections.
@@ -112,6 +132,11 @@ async def complete(
     if not request_timeout > 0:
         raise ConfigError(
             "complete(request_timeout)", f"expected seconds > 0, got {request_timeout!r}"
+        )
+    limits = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else list(max_tokens)
+    if len(limits) != len(prompts):
+        raise ConfigError(
+            "complete(max_tokens)", f"expected one limit per prompt ({len(prompts)}), got {len(limits)}"
         )
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     results: list[Completion | None] = [None] * len(prompts)
@@ -132,11 +157,11 @@ async def complete(
             {
                 **({"model": model} if model is not None else {}),
                 "prompt": prompt,
-                "max_tokens": max_tokens,
+                "max_tokens": limit,
                 "temperature": temperature,
                 **(extra or {}),
             }
-            for prompt in prompts
+            for prompt, limit in zip(prompts, limits, strict=True)
         ]
 
         async def attempt(index: int, url: str) -> Completion:
@@ -169,7 +194,10 @@ async def complete(
                     delay = min(delay * 2, RETRY_MAX_DELAY)
             if keep_failures and not isinstance(error, StaleWeightsError):
                 prompt = bodies[index]["prompt"]
-                results[index] = Completion(index, prompt, "", None, None, error.url, error=str(error))
+                results[index] = Completion(
+                    index, prompt, "", None, None, error.url, error=str(error),
+                    bad_request=isinstance(error, BadRequestError),
+                )
                 return
             failure.append(error)
             task_group.cancel_scope.cancel()
@@ -203,8 +231,11 @@ async def _request(
     except httpx.HTTPError as exc:
         raise CompletionError(url, index, f"request failed: {exc!r}") from exc
     if response.status_code != 200:
-        message = f"HTTP {response.status_code}: {response.text[:300]}"
-        raise CompletionError(url, index, message, retryable=response.status_code >= 500)
+        status = response.status_code
+        message = f"HTTP {status}: {response.text[:300]}"
+        if 400 <= status < 500 and status not in TRANSIENT_CLIENT_STATUSES:
+            raise BadRequestError(url, index, message)
+        raise CompletionError(url, index, message, retryable=status >= 400)
     try:
         payload = response.json()
         choice = payload["choices"][0]

@@ -128,7 +128,7 @@ class Fleet:
         self,
         prompts: Sequence[str],
         *,
-        max_tokens: int = 64,
+        max_tokens: int | Sequence[int] = 64,
         temperature: float = 0.0,
         concurrency: int = 8,
         request_timeout: float = 60.0,

@@ -11,12 +11,15 @@ ends. With a real clock, or a MockClock without autojump, the waiting task chang
 Manual ``MockClock.jump`` calls still move time.
 
 Only trio's own thread calls ``hold`` and ``release`` (the worker-thread limiter does, as the
-thread gets its token and as trio takes its result back), so no lock is needed.
+thread gets its token and as trio takes its result back; :func:`holding_clock` around other
+work outside trio, such as a wait on a worker process's pipe), so no lock is needed.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import trio
 import trio.testing
@@ -62,3 +65,16 @@ def current_hold() -> ClockHold:
         hold = ClockHold()
         _HOLD.set(hold)
         return hold
+
+
+@asynccontextmanager
+async def holding_clock() -> AsyncIterator[None]:
+    """While the body runs, an autojumping ``MockClock`` does not jump: for work outside trio
+    that trio sees only as a wait (a worker process answering over a pipe). Blocks on nothing
+    itself; under any other clock it changes nothing."""
+    hold = current_hold()
+    hold.hold()
+    try:
+        yield
+    finally:
+        hold.release()

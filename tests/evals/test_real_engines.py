@@ -140,15 +140,15 @@ async def test_attached_server_that_labels_the_new_version_over_its_old_weights_
     liar = embedded(str(tiny.base), extra_args=("--test-keep-old-weights",
                                                 "--test-label-kept-weights"))
     async with LocalFleet.open([liar]) as local:
-        evaluation = ServerEvalFn(answers.dataset(), url=local.urls[0], request_timeout=30.0,
-                                  pin_timeout=60.0)
+        evaluation = ServerEvalFn(answers.dataset(), url=local.urls[0], api_key=local.api_key,
+                                  request_timeout=30.0, pin_timeout=60.0)
         with pytest.raises(EvalSkip) as caught:
             await evaluation.evaluate_checkpoint(str(tiny.step1), point(1, tiny.step1))
         assert caught.value.reason == "pin_violation", caught.value
         assert "reads back version '1' but does not serve its weights" in str(caught.value)
         assert await local.fleet.engines[0].weight_version() == "1"
-        unprobed = ServerEvalFn(answers.dataset(), url=local.urls[0], request_timeout=30.0,
-                                probe=False)
+        unprobed = ServerEvalFn(answers.dataset(), url=local.urls[0], api_key=local.api_key,
+                                request_timeout=30.0, probe=False)
         output = await unprobed.evaluate_checkpoint(str(tiny.step2), point(2, tiny.step2))
         assert output.metrics is not None
         assert output.metrics["eval/answers"] == answers.expected["base"]
@@ -159,12 +159,13 @@ async def test_a_reload_by_someone_else_during_the_evaluation_is_a_pin_violation
     tiny: TinyModels, answers: Answers
 ) -> None:
     async with LocalFleet.open([embedded(str(tiny.base))]) as local:
-        url = local.urls[0]
+        url, key, other = local.urls[0], local.api_key, str(tiny.step2)
 
         def meddling(answer: str, label: object, record: dict) -> float:
-            body = {"model_path": str(tiny.step2), "weight_version": "someone-else",
+            # Runs in a scoring worker process: it closes over plain strings only.
+            body = {"model_path": other, "weight_version": "someone-else",
                     "abort_all_requests": False}
-            headers = {"Authorization": f"Bearer {local.api_key}"}  # a user who holds the key
+            headers = {"Authorization": f"Bearer {key}"}  # a user who holds the key
             httpx.post(f"{url}/update_weights_from_disk", json=body, headers=headers,
                        timeout=60).raise_for_status()
             return 1.0

@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 
 import httpx
+import psutil
 import pytest
 import trio
+import trio.testing
 
-from actorsys.evals._gate import VERSION_HEADER, RequestGate
+from actorsys.evals import _gate as gate_module
+from actorsys.evals._gate import MAX_BODY, VERSION_HEADER, RequestGate
 from actorsys.fleet import StaleWeightsError
 from tests.fleet.conftest import Recorder
 
@@ -100,3 +103,67 @@ async def test_closing_the_gate_cuts_forwarded_requests_and_refuses_new_ones() -
             await client.post(f"{url}/v1/completions", json={})
     assert len(failures) == 1
     assert len(upstream.requests) == 1
+
+
+async def raw_exchange(url: str, head: bytes) -> bytes:
+    """Send ``head`` (and nothing more) to the gate; what it answers before closing."""
+    port = int(url.split(":")[2].split("/")[0])
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        await stream.send_all(head)
+        received = b""
+        with trio.fail_after(10):
+            while chunk := await stream.receive_some(65536):
+                received += chunk
+    return received
+
+
+async def test_gate_listens_on_loopback_only(nursery: trio.Nursery) -> None:
+    gate = RequestGate(["http://a"], expected_version=None)
+    url = await nursery.start(gate.serve)
+    port = int(url.split(":")[2].split("/")[0])
+    listening = [c for c in psutil.Process().net_connections(kind="tcp")
+                 if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
+    assert [c.laddr.ip for c in listening] == ["127.0.0.1"]
+
+
+async def test_a_wrong_token_is_refused_before_the_body_is_read(nursery: trio.Nursery) -> None:
+    upstream = Recorder(lambda request: answer(None))
+    gate = RequestGate(["http://a"], expected_version=None, transport=upstream.transport)
+    url = await nursery.start(gate.serve)
+    # A head announcing 60 MB that never come: answered at once, the body never awaited.
+    head = b"POST /not-the-token/v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 60000000\r\n\r\n"
+    reply = await raw_exchange(url, head)
+    assert reply.startswith(b"HTTP/1.1 404")
+    assert upstream.requests == [] and gate.statistics().refused == 1
+
+
+async def test_a_body_over_the_limit_is_refused_on_its_declared_size(nursery: trio.Nursery) -> None:
+    upstream = Recorder(lambda request: answer(None))
+    gate = RequestGate(["http://a"], expected_version=None, transport=upstream.transport)
+    url = await nursery.start(gate.serve)
+    path = url.split("/", 3)[3]
+    head = (f"POST /{path}/v1/completions HTTP/1.1\r\nhost: x\r\n"
+            f"content-length: {MAX_BODY + 1}\r\n\r\n").encode()
+    reply = await raw_exchange(url, head)
+    assert reply.startswith(b"HTTP/1.1 413")
+    assert upstream.requests == []
+
+
+async def test_connections_past_the_limit_are_answered_503_and_closed(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(gate_module, "MAX_CONNECTIONS", 2)
+    upstream = Recorder(lambda request: answer(None))
+    gate = RequestGate(["http://a"], expected_version=None, transport=upstream.transport)
+    url = await nursery.start(gate.serve)
+    port = int(url.split(":")[2].split("/")[0])
+    idle = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(2)]
+    await trio.testing.wait_all_tasks_blocked()
+    valid = f"GET /{url.split('/', 3)[3]}/v1/models HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+    assert (await raw_exchange(url, valid.encode())).startswith(b"HTTP/1.1 503")
+    await idle[0].aclose()
+    await trio.testing.wait_all_tasks_blocked()
+    assert (await raw_exchange(url, valid.encode())).startswith(b"HTTP/1.1 200")
+    await idle[1].aclose()
+    assert [r.url.path for r in upstream.requests] == ["/v1/models"]
