@@ -54,7 +54,15 @@ class StepClock(TrainerCallback):
         self.ends.append(time.perf_counter())
 
     def step_times(self) -> list[float]:
+        """The time of each step after the warm-up, in step order (step WARMUP_STEPS + 2 on)."""
         return [b - a for a, b in zip(self.ends[WARMUP_STEPS:], self.ends[WARMUP_STEPS + 1:], strict=False)]
+
+
+def at_points(times: list[float], every: int) -> tuple[list[float], list[float]]:
+    """``times`` split into the steps that submitted a point (the copy) and the others."""
+    first_step = WARMUP_STEPS + 2
+    at = [t for i, t in enumerate(times) if (first_step + i) % every == 0]
+    return at, [t for i, t in enumerate(times) if (first_step + i) % every]
 
 
 class TimedEvalCallback(EvalCallback):
@@ -139,6 +147,11 @@ def main() -> None:
             print(f"run {run}: plain {statistics.mean(plain[-len(times):]) * 1e3:7.1f} ms/step, "
                   f"with EvalCallback {statistics.mean(times) * 1e3:7.1f} ms/step, "
                   f"train-end drain {callback.train_end_seconds:5.2f} s, ok points {ok}")
+    at, between = at_points(evaluated, args.every)
+    plain_at, plain_between = at_points(plain, args.every)
+    print(f"steps that submit a point: {statistics.mean(at) * 1e3:.1f} ms (without the callback "
+          f"{statistics.mean(plain_at) * 1e3:.1f} ms); the other steps: "
+          f"{statistics.mean(between) * 1e3:.1f} ms ({statistics.mean(plain_between) * 1e3:.1f} ms)")
     ratio = statistics.mean(evaluated) / statistics.mean(plain)
     median_ratio = statistics.median(evaluated) / statistics.median(plain)
     print(f"mean optimizer step: without {statistics.mean(plain) * 1e3:.1f} ms, with "
