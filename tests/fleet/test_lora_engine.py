@@ -37,7 +37,8 @@ class EchoLogprobs(CheckpointEvalFn):
     ) -> RolloutFnEvalOutput:
         assert input.fleet is not None
         body = {"prompt": [self.ids], "max_tokens": 0, "echo": True, "logprobs": 1, "temperature": 0.0}
-        async with httpx.AsyncClient(timeout=60.0) as client:
+        headers = {"Authorization": f"Bearer {input.fleet.api_key}"}
+        async with httpx.AsyncClient(timeout=60.0, headers=headers) as client:
             response = await client.post(f"{input.fleet.urls[0]}/v1/completions", json=body)
         response.raise_for_status()
         logprobs = response.json()["choices"][0]["logprobs"]["token_logprobs"]
