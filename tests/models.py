@@ -23,6 +23,8 @@ from transformers import (
     Qwen3MoeConfig,
 )
 
+from actorsys.fleet.model_load import load_causal_lm
+
 EOS = "<|endoftext|>"
 CORPUS = [
     "the quick brown fox jumps over the lazy dog",
@@ -169,7 +171,7 @@ def make_snapshot(
 def greedy(model_dir: str | os.PathLike[str], prompts: list[str], max_new_tokens: int) -> list[str]:
     """What transformers' own ``generate`` answers, greedy, one prompt at a time."""
     tokenizer = PreTrainedTokenizerFast.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = load_causal_lm(model_dir, dtype=torch.float32).eval()
     texts = []
     for prompt in prompts:
         ids = tokenizer(prompt, return_tensors="pt")["input_ids"]

@@ -22,6 +22,8 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from actorsys.fleet.model_load import load_causal_lm
+
 VOCAB = 256
 CHAT_TEMPLATE = "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
 LINES = [
@@ -85,7 +87,7 @@ def logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
 
 def load(path: str) -> PreTrainedModel:
     """Load a snapshot the way an evaluator would (dtype from its config)."""
-    model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(path)
+    model: PreTrainedModel = load_causal_lm(path)
     return model.eval()
 
 

@@ -8,6 +8,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import torch
 import trio
 import trio.testing
 
@@ -78,8 +79,11 @@ async def test_a_retire_in_progress_does_not_stall_the_next_point(
 async def test_a_trainer_that_only_awaits_submit_lets_its_points_settle(tmp_path: Path) -> None:
     sink = MemorySink()
     config = EvalConfig(max_in_flight=1, overflow="skip")
+    weights = torch.randn(256, 256)
     async with EvalSupervisor.open(config, eval_fn=RecordingEval(), sink=sink) as sup:
         for step in range(200):
+            for _ in range(20):  # a training step: real work on this thread, no await
+                weights = torch.tanh(weights @ weights)
             await sup.submit(step, checkpoint_dir=tmp_path)
         evaluated_while_training = [o.step for o in sink.outcomes if o.ok]
         await sup.drain()

@@ -48,6 +48,7 @@ from actorsys.fleet.errors import (
     PinViolationError,
     on_all,
 )
+from actorsys.fleet.model_load import load_causal_lm
 from actorsys.runtime import ThreadTracker, run_blocking
 
 log = logging.getLogger("actorsys.fleet")
@@ -184,13 +185,12 @@ def compute_reference(path: str, prompts: list[list[int]] | None = None) -> Refe
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise ReferenceUnavailableError(f"the snapshot {path} has no config.json")
     import torch
-    import transformers
     from transformers.utils import logging as hf_logging
 
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype="auto")
+        model = load_causal_lm(path, dtype="auto")
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         raise ReferenceUnavailableError(f"transformers cannot build the snapshot {path}: {exc}") from exc
     finally:

@@ -11,8 +11,9 @@ import httpx
 import pytest
 import torch
 import trio
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaConfig, PreTrainedTokenizerFast
 
+from actorsys.fleet.model_load import load_causal_lm
 from tests.fleet.conftest import TinyModels
 from tests.fleet.test_embedded import completions, open_engine, texts
 from tests.models import PROMPTS, greedy, random_model
@@ -22,7 +23,7 @@ CONTEXT, CONTINUATION = "the quick brown", " fox jumps over"
 
 def transformers_logprobs(model_dir: Path, ids: list[int]) -> list[float]:
     """log p(ids[i] | ids[:i]) for i >= 1, from transformers' own forward pass."""
-    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = load_causal_lm(model_dir, dtype=torch.float32).eval()
     with torch.inference_mode():
         logits = model(torch.tensor([ids])).logits[0]
     logprobs = torch.log_softmax(logits, dim=-1)

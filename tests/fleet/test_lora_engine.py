@@ -10,7 +10,7 @@ import httpx
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
-from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast
 
 from actorsys import (
     CheckpointEvalFn,
@@ -21,6 +21,7 @@ from actorsys import (
     RolloutFnEvalOutput,
 )
 from actorsys.fleet.local import LocalFleet, embedded
+from actorsys.fleet.model_load import load_causal_lm
 from tests.fleet.conftest import TinyModels
 
 TEXT = "the trainer hands over a snapshot and goes on training"
@@ -55,7 +56,7 @@ def merged_logprobs(peft_model: Any, ids: list[int]) -> list[float]:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 async def test_engine_process_serves_the_merged_model_of_each_point(tiny: TinyModels, tmp_path):
-    base = LlamaForCausalLM.from_pretrained(tiny.base, dtype=torch.float32)
+    base = load_causal_lm(str(tiny.base), dtype=torch.float32)
     adapters = LoraConfig(r=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
     model = get_peft_model(base, adapters)
     ids = PreTrainedTokenizerFast.from_pretrained(tiny.base)(TEXT)["input_ids"]

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers import AutoTokenizer, DynamicCache
 
 from actorsys.fleet.checkpoint import (
     CheckpointMismatchError,
@@ -25,6 +25,7 @@ from actorsys.fleet.checkpoint import (
     weight_files,
 )
 from actorsys.fleet.embedded.logprobs import TokenLogprob, at_position, score_prompt
+from actorsys.fleet.model_load import load_causal_lm
 
 INITIAL_VERSION = "default"
 
@@ -237,7 +238,7 @@ class ModelHost:
 def _load_model(path: str) -> Any:
     """The checkpoint at ``path`` as transformers loads it (its weight conversions applied),
     in float32, for inference. Blocking."""
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model = load_causal_lm(path, dtype=torch.float32)
     model.eval()
     return model
 
