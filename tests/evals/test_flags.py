@@ -36,7 +36,7 @@ def test_prompt_data_pairs_with_the_setting_flags(tmp_path: Path) -> None:
     first, second = datasets_from_args(args)
     assert (first.name, second.name, second.prompts) == ("first", "second", ["2+2"])
     assert (first.n_samples, first.max_tokens, first.temperature, first.top_p) == (4, 32, 0.8, 0.9)
-    assert first.scorer == "math"
+    assert first.scorer == "dapo"
 
 
 def test_eval_config_settings_win_over_flags_and_both_sources_add_up(tmp_path: Path) -> None:
