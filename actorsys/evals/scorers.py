@@ -98,7 +98,7 @@ def load_scorer(path: str) -> ScorerFn:
         ) from None
     if not callable(function):
         raise ConfigError("custom_rm_path", f"{path!r} is not callable")
-    return function  # type: ignore[no-any-return]
+    return function
 
 
 def is_custom(scorer: object) -> bool:
