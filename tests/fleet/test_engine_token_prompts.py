@@ -5,6 +5,7 @@ process: the real ASGI app and the real tiny chat model."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -13,6 +14,8 @@ import pytest
 import trio
 from transformers import PreTrainedTokenizerFast
 
+from actorsys._errors import ConfigTypeError
+from actorsys.fleet.completions import complete
 from actorsys.fleet.embedded.model import ModelHost
 from actorsys.fleet.embedded.server import EmbeddedEngine
 from tests.chat_models import make_chat_model
@@ -86,3 +89,21 @@ async def test_top_k_one_samples_the_greedy_answer_and_a_bad_top_k_is_a_400(
     response = await client.post("/v1/completions", json={"prompt": prompt, "top_k": 1.5})
     assert response.status_code == 400
     assert response.json()["error"]["message"].startswith("top_k: expected an integer")
+
+
+async def test_the_completions_client_sends_token_ids_as_they_are() -> None:
+    bodies: list[dict[str, object]] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "m"}]})
+        bodies.append(json.loads(request.content))
+        return httpx.Response(200, json={"choices": [{"text": "ok", "finish_reason": "stop"}]})
+
+    answers = await complete([URL], ["plain text", (0, 5, 9)], max_tokens=2,
+                             transport=httpx.MockTransport(answer))
+    assert sorted(map(str, (b["prompt"] for b in bodies))) == ["[0, 5, 9]", "plain text"]
+    assert [a.prompt for a in answers] == ["plain text", [0, 5, 9]]
+    for bad in ([], [1.5], [True], [-1], None):
+        with pytest.raises(ConfigTypeError, match=r"complete\(prompts\[0\]\)"):
+            await complete([URL], [bad], transport=httpx.MockTransport(answer))  # type: ignore[list-item]
