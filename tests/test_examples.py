@@ -51,3 +51,21 @@ def test_fsdp_example_evaluates_the_sharded_model_on_the_evaluating_rank(tmp_pat
     assert outcomes[20]["metrics"]["eval/loss"] < outcomes[10]["metrics"]["eval/loss"]
     assert report["close"]["clean"]
     assert sorted(p.name for p in (tmp_path / "staging").iterdir()) == ["step_20"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_chat_example_scores_the_same_in_the_trainer_and_in_watch(tmp_path: Path) -> None:
+    results = tmp_path / "results.json"
+    run = subprocess.run(
+        [sys.executable, str(EXAMPLES / "chat_eval.py"), "--steps", "30", "--eval-every", "30",
+         "--workdir", str(tmp_path), "--results", str(results)],
+        capture_output=True, text=True, timeout=590,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(results.read_text())
+    assert report["trainer"] == report["watch"]
+    assert report["trainer"]["0"] == {"think": 0.0, "direct": 0.0}
+    assert report["trainer"]["30"] == {"think": 1.0, "direct": 1.0}
+    assert report["prompt"].startswith("<|bos|><|im_start|>system\n")
+    assert report["close_clean"]

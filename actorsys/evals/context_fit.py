@@ -3,7 +3,8 @@
 Every engine refuses (HTTP 400) a request whose prompt plus ``max_tokens`` exceeds the model's
 positions, and a refused request scores 0: with miles' default ``--eval-max-response-len 256``
 and a model of 256 positions every request would be refused. So before sampling, each prompt
-is counted with the snapshot's own tokenizer against its config's ``max_position_embeddings``:
+(a chat prompt as its template renders it, in token ids) is counted with the snapshot's own
+tokenizer against its config's ``max_position_embeddings``:
 
 - a request asking for more than its prompt leaves is cut to what fits (the sample counts in
   ``eval/<name>/truncated_ratio``);
@@ -50,7 +51,7 @@ def fit_datasets(checkpoint_dir: str, datasets: Sequence[EvalDataset]) -> list[l
     (``[d][p]``: dataset ``d``, prompt ``p``); None where its config names no length or no
     tokenizer loads. Blocking: loads the tokenizer and
     tokenizes every prompt; run it in a worker thread."""
-    positions = _positions(checkpoint_dir)
+    positions = positions_of(checkpoint_dir)
     if positions is None:
         return None
     try:
@@ -58,38 +59,40 @@ def fit_datasets(checkpoint_dir: str, datasets: Sequence[EvalDataset]) -> list[l
 
         tokenizer = AutoTokenizer.from_pretrained(checkpoint_dir, local_files_only=True)
     except (OSError, ValueError, KeyError) as exc:
-        _tell("no usable tokenizer", f"{checkpoint_dir}: {type(exc).__name__}")
+        tell("no usable tokenizer", f"{checkpoint_dir}: {type(exc).__name__}")
         return None
     fits = []
     for dataset in datasets:
         lengths = [len(ids) for ids in tokenizer(dataset.prompts)["input_ids"]]
-        fits.append([_fit(length, dataset.max_tokens, positions) for length in lengths])
+        fits.append([fit(length, dataset.max_tokens, positions) for length in lengths])
     return fits
 
 
-def _fit(prompt_tokens: int, max_tokens: int, positions: int) -> Fit:
+def fit(prompt_tokens: int, max_tokens: int, positions: int) -> Fit:
+    """How a prompt of ``prompt_tokens`` tokens asking ``max_tokens`` fits ``positions``."""
     room = positions - prompt_tokens
     if room <= 0:
         return Fit(prompt_tokens, None, True, positions)
     return Fit(prompt_tokens, min(max_tokens, room), room < max_tokens, positions)
 
 
-def _positions(checkpoint_dir: str) -> int | None:
+def positions_of(checkpoint_dir: str) -> int | None:
+    """The context length the config at ``checkpoint_dir`` names, or None (logged once)."""
     try:
         from transformers import AutoConfig
 
         config = AutoConfig.from_pretrained(checkpoint_dir, local_files_only=True)
     except (OSError, ValueError, KeyError) as exc:
-        _tell("no usable config", f"{checkpoint_dir}: {type(exc).__name__}")
+        tell("no usable config", f"{checkpoint_dir}: {type(exc).__name__}")
         return None
     positions = getattr(config.get_text_config(), "max_position_embeddings", None)
     if isinstance(positions, bool) or not isinstance(positions, int) or positions < 1:
-        _tell("no max_position_embeddings in the config", checkpoint_dir)
+        tell("no max_position_embeddings in the config", checkpoint_dir)
         return None
     return positions
 
 
-def _tell(why: str, where: str) -> None:
+def tell(why: str, where: str) -> None:
     if why not in _told:
         _told.add(why)
         log.info("requests are not fitted to the context: %s (%s)", why, where)

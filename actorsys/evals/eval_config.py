@@ -7,8 +7,16 @@
     datasets:
       - name: math
         path: data/math.jsonl # relative paths resolve against this file
-        scorer: math          # miles: rm_type
+        scorer: math          # miles: rm_type (or custom_rm_path: pkg.module.fn)
         max_tokens: 512       # miles: max_response_len
+      - name: aime
+        path: data/aime.jsonl # prompts: chat messages under "messages"
+        input_key: messages
+        apply_chat_template: true
+        chat_template_kwargs: {enable_thinking: false}   # miles: apply_chat_template_kwargs
+        tool_key: tools
+        metadata_key: metadata
+        scorer: deepscaler
       - name: mmlu
         path: data/mmlu.jsonl
         scorer: choice
@@ -35,6 +43,8 @@ MILES_KEYS = {
     "n_samples_per_eval_prompt": "n_samples",
     "max_response_len": "max_tokens",
     "rm_type": "scorer",
+    "custom_rm_path": "scorer",
+    "apply_chat_template_kwargs": "chat_template_kwargs",
 }
 
 

@@ -4,12 +4,17 @@
 
 ``--eval-prompt-data NAME PATH [NAME PATH ...]`` and ``--eval-config FILE`` say what to
 evaluate; ``--n-samples-per-eval-prompt``, ``--eval-max-response-len``, ``--eval-temperature``,
-``--eval-top-p``, ``--eval-input-key``, ``--eval-label-key`` and ``--rm-type`` how. As in
-miles, an unset ``--eval-input-key`` / ``--eval-label-key`` / ``--eval-max-response-len`` /
-``--eval-temperature`` / ``--eval-top-p`` falls back to the trainer's ``--input-key`` /
-``--label-key`` / ``--rollout-max-response-len`` / ``--rollout-temperature`` /
-``--rollout-top-p`` where the trainer's parser has them. A flag the parser already defines
-(miles defines all of these) is left to it and read back from the namespace.
+``--eval-top-p``, ``--eval-top-k``, ``--eval-input-key``, ``--eval-label-key``,
+``--rm-type``, ``--rm-url`` and ``--custom-rm-path`` how; ``--apply-chat-template``,
+``--apply-chat-template-kwargs JSON``, ``--eval-tool-key`` and ``--metadata-key`` make them
+chat evaluations. As in miles, an unset ``--eval-input-key`` / ``--eval-label-key`` /
+``--eval-tool-key`` / ``--eval-max-response-len`` / ``--eval-temperature`` / ``--eval-top-p`` /
+``--eval-top-k`` falls back to the trainer's ``--input-key`` / ``--label-key`` /
+``--tool-key`` / ``--rollout-max-response-len`` / ``--rollout-temperature`` /
+``--rollout-top-p`` / ``--rollout-top-k`` where the trainer's parser has them, and
+``--apply-chat-template`` and its kwargs are miles' own rollout flags. A flag the parser
+already defines (miles defines all of these) is left to it and read back from the namespace.
+``--custom-rm-path`` wins over ``--rm-type``, as in miles.
 
 The trainer, the external-server eval and the watch service all read the datasets through
 :func:`datasets_from_args`, so eval settings are defined once.
@@ -18,14 +23,15 @@ The trainer, the external-server eval and the watch service all read the dataset
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Sequence
+import json
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from actorsys._errors import ConfigError
 from actorsys._flags import Flag
 from actorsys.evals.datasets import DatasetError, EvalDataset
 from actorsys.evals.eval_config import load_eval_config
-from actorsys.evals.scorers import MILES_RM_TYPES, SCORERS, check_scorer
+from actorsys.evals.scorers import SCORERS, check_scorer
 from actorsys.flag_groups import register_flags
 
 SETTING_FLAGS = (
@@ -44,8 +50,25 @@ SETTING_FLAGS = (
     Flag("--eval-label-key", "label_key", str, "KEY",
          "record key of the label in eval data (default label)", miles_fallback="label_key"),
     Flag("--rm-type", "scorer", str, "SCORER",
-         f"how eval answers are graded: {', '.join(SCORERS + tuple(MILES_RM_TYPES))} "
+         f"how eval answers are graded: {', '.join(SCORERS)}, boxed_<scorer> "
          "(default exact)"),
+    Flag("--eval-top-k", "top_k", int, "K",
+         "top-k sampling of eval answers (-1 or 0: off)", miles_fallback="rollout_top_k"),
+    Flag("--eval-tool-key", "tool_key", str, "KEY",
+         "record key of the tool schemas handed to the chat template", miles_fallback="tool_key"),
+    Flag("--metadata-key", "metadata_key", str, "KEY",
+         "record key of the metadata (its rm_type overrides --rm-type for that record)"),
+    Flag("--apply-chat-template-kwargs", "chat_template_kwargs", str, "JSON",
+         'keyword arguments of the chat template, e.g. \'{"enable_thinking": false}\''),
+    Flag("--rm-url", "rm_url", str, "URL", "the reward server of --rm-type remote_rm"),
+)
+CHAT_TEMPLATE_FLAG = Flag(
+    "--apply-chat-template", "apply_chat_template", str, "",
+    "render eval prompts (strings or chat messages) with the snapshot's own chat template",
+)
+CUSTOM_RM_FLAG = Flag(
+    "--custom-rm-path", "scorer", str, "PKG.MODULE.FN",
+    "a scorer (answer, label, record) -> float named by its dotted path (wins over --rm-type)",
 )
 
 SAMPLE_RECORD = {"prompt": "p", "label": "1"}
@@ -85,7 +108,7 @@ def add_dataset_arguments(group: argparse._ArgumentGroup) -> None:
         )
     except argparse.ArgumentError:
         pass
-    for flag in SETTING_FLAGS:
+    for flag in (*SETTING_FLAGS, CUSTOM_RM_FLAG):
         try:
             group.add_argument(
                 flag.option, dest=flag.dest, type=_checked(flag), default=None,
@@ -93,6 +116,11 @@ def add_dataset_arguments(group: argparse._ArgumentGroup) -> None:
             )
         except argparse.ArgumentError:
             continue
+    try:
+        group.add_argument(CHAT_TEMPLATE_FLAG.option, dest=CHAT_TEMPLATE_FLAG.dest,
+                           action="store_true", default=None, help=CHAT_TEMPLATE_FLAG.help)
+    except argparse.ArgumentError:
+        pass
 
 
 def dataset_settings(namespace: argparse.Namespace) -> dict[str, Any]:
@@ -104,7 +132,33 @@ def dataset_settings(namespace: argparse.Namespace) -> dict[str, Any]:
             value = getattr(namespace, flag.miles_fallback, None)
         if value is not None:
             settings[flag.field] = value
+    if "chat_template_kwargs" in settings:
+        kwargs = template_kwargs(settings["chat_template_kwargs"])
+        if kwargs:
+            settings["chat_template_kwargs"] = kwargs
+        else:
+            del settings["chat_template_kwargs"]  # miles' default: {}
+    if getattr(namespace, CHAT_TEMPLATE_FLAG.dest, None):
+        settings["apply_chat_template"] = True
+    custom = getattr(namespace, CUSTOM_RM_FLAG.dest, None)
+    if custom:
+        settings["scorer"] = custom
     return settings
+
+
+def template_kwargs(value: object) -> dict[str, Any]:
+    """``--apply-chat-template-kwargs`` as a dict: its JSON text (or the dict a trainer's own
+    parser made of it). Raises :class:`ConfigError` naming the flag for anything else."""
+    option = "--apply-chat-template-kwargs"
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else {}
+        except ValueError as exc:
+            raise ConfigError(option, f"not JSON ({exc}); expected an object such as "
+                                      '\'{"enable_thinking": false}\'') from None
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise ConfigError(option, f"expected a JSON object of keyword arguments, got {value!r}")
+    return dict(value)
 
 
 def datasets_from_args(namespace: argparse.Namespace) -> list[EvalDataset]:
@@ -146,13 +200,19 @@ def _checked(flag: Flag) -> Callable[[str], Any]:
         try:
             if flag.field == "scorer":
                 return check_scorer(value)
-            if flag.field in ("input_key", "label_key"):
+            if flag.field == "chat_template_kwargs":
+                return template_kwargs(value)
+            if flag.field in ("input_key", "label_key", "tool_key", "metadata_key"):
                 if not value:
                     raise argparse.ArgumentTypeError("expected a key name")
                 return value
             EvalDataset(name="flag", records=(SAMPLE_RECORD,), **{flag.field: value})
         except ConfigError as exc:
-            raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[-1]) from exc
+            raise argparse.ArgumentTypeError(_one_line(str(exc).split(": ", 1)[-1])) from exc
         return value
 
     return parse
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())

@@ -4,6 +4,9 @@
 - ``eval/<name>/pass@<k>``: the unbiased estimator of the chance that at least one of ``k``
   samples of a prompt is correct, averaged over prompts, for k = 1, 2, 4, ... up to
   ``n_samples``, and ``n_samples`` itself. A sample is correct when it scores 1.
+- ``eval/<name>/maj@<n>`` (``n_samples`` > 1, scorers that extract an answer): the share of
+  prompts whose most frequent extracted answer (the first to reach that count on a tie) is
+  correct; a prompt none of whose samples yields an answer counts as wrong.
 - ``eval/<name>/response_len/mean``: mean completion tokens of the answered samples (left out
   when the engine reports no usage).
 - ``eval/<name>/truncated_ratio``: the share of answered samples that stopped at
@@ -19,6 +22,7 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -72,8 +76,25 @@ def pass_ks(n: int) -> list[int]:
     return ks
 
 
-def dataset_metrics(name: str, samples: Sequence[Sample], n_samples: int) -> dict[str, float]:
-    """The metrics of ``samples``, ``n_samples`` consecutive samples per prompt."""
+def majority_correct(samples: Sequence[Sample], votes: Sequence[str | None]) -> float:
+    """1 if the most frequent answer among ``votes`` (the first to reach the top count on a
+    tie) is correct (its first sample scores 1), else 0; 0 where nothing was extracted."""
+    counted = Counter(vote for vote in votes if vote is not None)
+    if not counted:
+        return 0.0
+    winner = counted.most_common(1)[0][0]
+    first = next(s for s, vote in zip(samples, votes, strict=True) if vote == winner)
+    return float(first.score >= 1.0)
+
+
+def dataset_metrics(
+    name: str,
+    samples: Sequence[Sample],
+    n_samples: int,
+    votes: Sequence[str | None] | None = None,
+) -> dict[str, float]:
+    """The metrics of ``samples``, ``n_samples`` consecutive samples per prompt; ``votes``
+    (one per sample: the answer it extracts, or None) adds ``maj@<n_samples>``."""
     if not samples or len(samples) % n_samples:
         raise ValueError(f"{name}: expected {n_samples} samples per prompt, got {len(samples)}")
     prefix = f"eval/{name}"
@@ -83,6 +104,14 @@ def dataset_metrics(name: str, samples: Sequence[Sample], n_samples: int) -> dic
     for k in pass_ks(n_samples):
         estimates = [pass_at_k(n_samples, c, k) for c in correct]
         metrics[f"{prefix}/pass@{k}"] = sum(estimates) / len(estimates)
+    if votes is not None and n_samples > 1:
+        if len(votes) != len(samples):
+            raise ValueError(f"{name}: expected one vote per sample, got {len(votes)}")
+        wins = [
+            majority_correct(group, votes[i : i + n_samples])
+            for group, i in zip(groups, range(0, len(samples), n_samples), strict=True)
+        ]
+        metrics[f"{prefix}/maj@{n_samples}"] = sum(wins) / len(wins)
     answered = [s for s in samples if not s.request_failed]
     lengths = [s.completion_tokens for s in answered if s.completion_tokens is not None]
     if lengths:

@@ -20,12 +20,17 @@ from typing import Any, Protocol
 
 from actorsys._errors import ConfigError
 from actorsys.contracts import EvalSkip, RolloutFnEvalOutput
-from actorsys.evals.context_fit import Fit, fit_datasets
 from actorsys.evals.datasets import EvalDataset
+from actorsys.evals.grading import Grader, grading_input
 from actorsys.evals.metrics import Sample, dataset_metrics
-from actorsys.evals.scoring_pool import score_in_workers
+from actorsys.evals.prompts import DatasetPrompts, Prompt, prepare_prompts
+from actorsys.evals.scorers import EXTRACTING, Scorer, base_scorer, extracted_answer, needs_math
+from actorsys.evals.scoring_pool import Item, score_in_workers
 from actorsys.fleet.completions import Completion
 from actorsys.runtime import run_in_eval_thread
+
+PLAIN_SCORERS = frozenset({"exact", "numeric", "math", "choice"})
+"""Scorers that need nothing of a record but its label (sent to the workers as they are)."""
 
 log = logging.getLogger("actorsys.evals")
 
@@ -35,7 +40,7 @@ class CompletingFleet(Protocol):
 
     async def complete(
         self,
-        prompts: Sequence[str],
+        prompts: Sequence[Prompt],
         *,
         max_tokens: int | Sequence[int] = ...,
         temperature: float = ...,
@@ -80,26 +85,28 @@ async def evaluate_datasets(
 ) -> RolloutFnEvalOutput:
     """Sample and score every dataset on ``fleet``; the metrics and
     ``data["samples"][name]`` (prompt, answer, label, score per sample). With
-    ``checkpoint_dir`` (the snapshot the fleet serves), requests are fitted to its context
-    (:mod:`actorsys.evals.context_fit`).
+    ``checkpoint_dir`` (the snapshot the fleet serves), chat prompts are rendered by its chat
+    template and requests are fitted to its context (:mod:`actorsys.evals.prompts`); a chat
+    dataset without it skips ``no_chat_template``.
 
     Raises :class:`EvalSkip` if every request failed: ``bad_request`` if the server refused
     them all (a 4xx; the first message is the detail), else ``unhealthy``; and lets the fleet's
     ``pin_violation`` (a stale answer) through. Blocks on the engines, then on scoring in
     worker processes (killed if cancelled); the caller's cancel scope bounds both.
     """
-    fits = None
-    if checkpoint_dir is not None:
-        fits = await run_in_eval_thread(
-            partial(fit_datasets, checkpoint_dir, datasets),
+    if checkpoint_dir is None:
+        prepared = prepare_prompts(None, datasets)
+    else:
+        prepared = await run_in_eval_thread(
+            partial(prepare_prompts, checkpoint_dir, datasets),
             abandon_on_cancel=True,
-            description=f"fitting requests to the context of {checkpoint_dir}",
+            description=f"rendering and fitting the prompts for {checkpoint_dir}",
         )
     answers: list[list[Completion]] = []
     cuts: list[list[bool]] = []
-    for index, dataset in enumerate(datasets):
+    for dataset, prompts in zip(datasets, prepared, strict=True):
         batch, cut = await _sample(
-            fleet, dataset, None if fits is None else fits[index], concurrency=concurrency,
+            fleet, dataset, prompts, concurrency=concurrency,
             request_timeout=request_timeout, retries=retries,
         )
         answers.append(batch)
@@ -110,13 +117,14 @@ async def evaluate_datasets(
         reason = "bad_request" if all(a.bad_request for a in failed) else "unhealthy"
         raise EvalSkip(reason, f"all {total} requests failed; the first: {failed[0].error}")
     scored = [
-        await score_answers(d, batch, cut)
-        for d, batch, cut in zip(datasets, answers, cuts, strict=True)
+        await score_answers(d, batch, cut, prompts.shown)
+        for d, batch, cut, prompts in zip(datasets, answers, cuts, prepared, strict=True)
     ]
     metrics: dict[str, float] = {}
     samples: dict[str, list[dict[str, Any]]] = {}
     for dataset, batch_samples in zip(datasets, scored, strict=True):
-        metrics.update(dataset_metrics(dataset.name, batch_samples, dataset.n_samples))
+        votes = await majority_votes(dataset, batch_samples)
+        metrics.update(dataset_metrics(dataset.name, batch_samples, dataset.n_samples, votes))
         samples[dataset.name] = [sample.as_record() for sample in batch_samples]
     return RolloutFnEvalOutput(data={"samples": samples}, metrics=metrics)
 
@@ -124,29 +132,35 @@ async def evaluate_datasets(
 async def _sample(
     fleet: CompletingFleet,
     dataset: EvalDataset,
-    fits: Sequence[Fit] | None,
+    prompts: DatasetPrompts,
     *,
     concurrency: int,
     request_timeout: float,
     retries: int,
 ) -> tuple[list[Completion], list[bool]]:
-    """Every prompt of ``dataset`` ``n_samples`` times, each asking for what ``fits`` leaves
-    it (a prompt that fills the context alone is not sent: a failed, bad request); the
-    answers in order, and whether each one's ``max_tokens`` was cut."""
-    per_sample = [
-        (prompt, None if fits is None else fits[p])
-        for p, prompt in enumerate(dataset.prompts)
-        for _ in range(dataset.n_samples)
-    ]
-    sent = [i for i, (_, fit) in enumerate(per_sample) if fit is None or fit.max_tokens is not None]
-    limits = [dataset.max_tokens if fit is None or fit.max_tokens is None else fit.max_tokens
-              for _, fit in per_sample]
+    """Every prompt of ``dataset`` ``n_samples`` times (as ``prompts`` sends it: text or
+    token ids), each asking for what its fit leaves it (a prompt that fills the context
+    alone, or that the template refused, is not sent: a failed, bad request); the answers in
+    order, and whether each one's ``max_tokens`` was cut."""
+    fits = prompts.fits
+    per_sample = [p for p in range(len(dataset.records)) for _ in range(dataset.n_samples)]
+
+    def refusal(p: int) -> str | None:
+        if prompts.refusals[p] is not None:
+            return prompts.refusals[p]
+        if fits is not None and fits[p].max_tokens is None:
+            return fits[p].refusal
+        return None
+
+    sent = [i for i, p in enumerate(per_sample) if refusal(p) is None]
+    limits = [dataset.max_tokens if fits is None or fits[p].max_tokens is None
+              else fits[p].max_tokens for p in per_sample]
     settings = dataset.sampling_kwargs()
     if any(limits[i] != dataset.max_tokens for i in sent):
         settings["max_tokens"] = [limits[i] for i in sent]
     got = iter(
         await fleet.complete(
-            [per_sample[i][0] for i in sent],
+            [prompts.sent[per_sample[i]] for i in sent],  # type: ignore[misc]
             concurrency=concurrency,
             request_timeout=request_timeout,
             retries=retries,
@@ -156,32 +170,56 @@ async def _sample(
         if sent else []
     )
     answers = []
-    for index, (prompt, fit) in enumerate(per_sample):
-        if fit is not None and fit.max_tokens is None:
-            answers.append(Completion(index, prompt, "", None, None, "", error=fit.refusal,
+    for index, p in enumerate(per_sample):
+        why = refusal(p)
+        if why is not None:
+            answers.append(Completion(index, prompts.shown[p], "", None, None, "", error=why,
                                       bad_request=True))
         else:
             answers.append(next(got))
-    return answers, [fit is not None and fit.cut for _, fit in per_sample]
+    return answers, [fits is not None and fits[p].cut for p in per_sample]
 
 
 async def score_answers(
-    dataset: EvalDataset, answers: Sequence[Completion], cut: Sequence[bool] | None = None
+    dataset: EvalDataset,
+    answers: Sequence[Completion],
+    cut: Sequence[bool] | None = None,
+    shown: Sequence[str] | None = None,
 ) -> list[Sample]:
     """Score ``answers`` (``n_samples`` per record, in record order) in the scoring workers,
-    each within ``dataset.score_timeout`` (see :mod:`actorsys.evals.scoring_pool`); ``cut``
-    marks the answers whose ``max_tokens`` was cut to fit the context."""
-    records = [dataset.records[index // dataset.n_samples] for index in range(len(answers))]
-    pass_record = callable(dataset.scorer)
+    each within ``dataset.score_timeout`` (see :mod:`actorsys.evals.scoring_pool`), each by
+    its record's scorer; ``cut`` marks the answers whose ``max_tokens`` was cut to fit the
+    context; ``shown`` is each record's prompt as the model was given it (the rendered chat
+    prompt), which samples keep (default: the record's prompt)."""
+    n = dataset.n_samples
+    record_of = [index // n for index in range(len(answers))]
+    prompts = list(shown) if shown is not None else [str(p) for p in dataset.prompts]
+    label_key = dataset.label_key
     answered = [index for index, answer in enumerate(answers) if answer.error is None]
-    scores = await score_in_workers(
-        dataset.scorer,
-        [
-            (answers[i].text, records[i][dataset.label_key], records[i] if pass_record else None)
+    scorer: Scorer | Grader
+    items: list[Item]
+    if dataset.metadata_key is None and (
+        callable(dataset.scorer) or dataset.scorer in PLAIN_SCORERS
+    ):
+        pass_record = callable(dataset.scorer)
+        scorer = dataset.scorer
+        items = [
+            (answers[i].text, dataset.records[record_of[i]][label_key],
+             dataset.records[record_of[i]] if pass_record else None)
             for i in answered
-        ],
-        score_timeout=dataset.score_timeout,
-    )
+        ]
+    else:
+        scorer = Grader(
+            dataset.scorer, dataset.rm_url, dataset.score_timeout,
+            math=any(needs_math(dataset.scorer_of(r)) for r in range(len(dataset.records))),
+        )
+        items = [
+            (answers[i].text, dataset.records[record_of[i]][label_key],
+             grading_input(dataset.records[record_of[i]], dataset.metadata(record_of[i]),
+                           prompts[record_of[i]]))
+            for i in answered
+        ]
+    scores = await score_in_workers(scorer, items, score_timeout=dataset.score_timeout)  # type: ignore[arg-type]
     by_index = dict(zip(answered, scores, strict=True))
     failures = [scored.error for scored in scores if scored.error is not None]
     if failures:
@@ -189,7 +227,8 @@ async def score_answers(
                     failures[0], len(failures))
     samples = []
     for index, answer in enumerate(answers):
-        prompt, label = records[index][dataset.input_key], records[index][dataset.label_key]
+        prompt = prompts[record_of[index]]
+        label = dataset.records[record_of[index]][label_key]
         if answer.error is not None:
             samples.append(Sample(prompt, "", label, 0.0, error=answer.error, request_failed=True))
             continue
@@ -199,3 +238,24 @@ async def score_answers(
                    answer.completion_tokens, scored.error, cut=bool(cut and cut[index]))
         )
     return samples
+
+
+async def majority_votes(dataset: EvalDataset, samples: Sequence[Sample]) -> list[str | None] | None:
+    """The answer each sample votes for in ``maj@n`` (what its record's scorer extracts), or
+    None where the metric does not apply (one sample per prompt, or a scorer that grades no
+    single extracted answer). Regular expressions over every answer: run in a worker
+    thread."""
+    n = dataset.n_samples
+    scorers = [dataset.scorer_of(r) for r in range(len(dataset.records))]
+    if n < 2 or not all(isinstance(s, str) and base_scorer(s) in EXTRACTING for s in scorers):
+        return None
+
+    def extract() -> list[str | None]:
+        return [
+            None if sample.request_failed
+            else extracted_answer(scorers[i // n], sample.answer, dataset.metadata(i // n))
+            for i, sample in enumerate(samples)
+        ]
+
+    return await run_in_eval_thread(extract, abandon_on_cancel=True,
+                                    description=f"{dataset.name}: extracting answers for maj@{n}")

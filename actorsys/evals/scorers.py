@@ -7,14 +7,18 @@
   checks them for mathematical equivalence (``\\frac{1}{2}`` is ``0.5``).
 - ``"choice"``: the letter A-J the answer chooses (``\\boxed{C}``, ``answer: (C)``, ``C) ...``)
   equals the label (a letter, or a 0-based index).
-- a callable ``(answer, label, record) -> float`` in [0, 1].
-
-miles' ``--rm-type`` names map onto these: ``deepscaler`` and ``dapo`` grade with ``math``,
-``gpqa`` with ``choice``.
+- miles' ``--rm-type`` names, with miles' semantics (:mod:`actorsys.evals.miles_rewards`):
+  ``"deepscaler"``, ``"dapo"``, ``"f1"``, ``"gpqa"``; ``"remote_rm"`` (a reward server at a
+  dataset's ``rm_url``, :mod:`actorsys.evals.remote_rm`); and ``"boxed_<scorer>"``: the content
+  of the answer's last ``\\boxed{}`` (nothing if it has none) graded by ``<scorer>``.
+- a callable ``(answer, label, record) -> float`` in [0, 1], or its dotted path
+  ``"pkg.module.fn"`` (miles' ``--custom-rm-path``), imported where it scores.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import math
 import re
 import threading
@@ -22,16 +26,24 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from actorsys._errors import ConfigError
+from actorsys.evals import miles_rewards
 
 ScorerFn = Callable[[str, Any, Mapping[str, Any]], float]
 Scorer = str | ScorerFn
 
-SCORERS = ("exact", "numeric", "math", "choice")
-MILES_RM_TYPES = {"deepscaler": "math", "dapo": "math", "gpqa": "choice"}
+SCORERS = ("exact", "numeric", "math", "choice", "deepscaler", "dapo", "f1", "gpqa", "remote_rm")
+BOXED = "boxed_"
+"""The prefix of a scorer that grades only the content of the answer's last ``\\boxed{}``."""
+MATH_SCORERS = frozenset({"math", "deepscaler"})
+"""The scorers that need math-verify."""
+EXTRACTING = frozenset({"numeric", "math", "choice", "deepscaler", "dapo", "gpqa"})
+"""The scorers that grade one answer they extract (so a majority vote over samples is
+defined: ``maj@n``)."""
 CHOICES = "ABCDEFGHIJ"
 MATH_TIMEOUT_SECONDS = 5
 
 _NUMBER = re.compile(r"-?(?:\d[\d,]*(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
+_DOTTED = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+$")
 _CHOICE_PATTERNS = (
     re.compile(r"\\boxed\{\s*\(?([A-J])\)?\s*\}"),
     re.compile(r"answer\s*(?:is|:)?\s*[:\-]?\s*\(?\*{0,2}([A-J])\b", re.IGNORECASE),
@@ -40,40 +52,129 @@ _CHOICE_PATTERNS = (
 )
 
 
+class Grading:
+    """A scorer that brings its own context (a dataset's per-record scorers, its reward
+    server): :func:`score` calls its :meth:`grade` with the ``record`` it is given and takes
+    the number it returns as it is."""
+
+    name = "grading"
+
+    def grade(self, answer: str, label: Any, record: Mapping[str, Any]) -> float:
+        raise NotImplementedError
+
+
 def check_scorer(scorer: object, *, field: str = "scorer") -> Scorer:
-    """``scorer`` as a scorer name or callable; a miles ``--rm-type`` alias is translated.
-    Raises :class:`ConfigError` naming ``field`` and the allowed values."""
-    if callable(scorer):
-        return scorer
+    """``scorer`` as a scorer name, dotted path or callable. Raises :class:`ConfigError`
+    naming ``field`` and the allowed values, or the dotted path that does not import."""
+    if callable(scorer) or isinstance(scorer, Grading):
+        return scorer  # type: ignore[return-value]
     if isinstance(scorer, str):
-        name = MILES_RM_TYPES.get(scorer, scorer)
-        if name in SCORERS:
-            return name
-    allowed = ", ".join(SCORERS + tuple(MILES_RM_TYPES))
+        base = scorer.removeprefix(BOXED)
+        if base in SCORERS and not base.startswith(BOXED):
+            return scorer
+        if _DOTTED.match(scorer):
+            load_scorer(scorer)
+            return scorer
+    allowed = ", ".join(SCORERS)
     raise ConfigError(
         field,
-        f"unknown scorer {scorer!r}; expected one of {allowed}, "
-        "or a callable (answer, label, record) -> float in [0, 1]",
+        f"unknown scorer {scorer!r}; expected one of {allowed}, boxed_<one of them>, a dotted "
+        "path pkg.module.fn, or a callable (answer, label, record) -> float in [0, 1]",
     )
+
+
+@functools.lru_cache(maxsize=64)
+def load_scorer(path: str) -> ScorerFn:
+    """The function a dotted path ``pkg.module.fn`` names; :class:`ConfigError` naming the
+    path where it does not import or is not callable. Imports the module."""
+    module_name, _, attribute = path.rpartition(".")
+    try:
+        module = importlib.import_module(module_name)
+        function = getattr(module, attribute)
+    except Exception as exc:
+        raise ConfigError(
+            "custom_rm_path",
+            f"the scorer {path!r} does not import: {type(exc).__name__}: {exc}",
+        ) from None
+    if not callable(function):
+        raise ConfigError("custom_rm_path", f"{path!r} is not callable")
+    return function
+
+
+def is_custom(scorer: object) -> bool:
+    """Whether ``scorer`` is the user's own: a callable, or a dotted path to one."""
+    return callable(scorer) or (isinstance(scorer, str) and _DOTTED.match(scorer) is not None)
+
+
+def base_scorer(scorer: str) -> str:
+    """A scorer name without its ``boxed_`` prefix."""
+    return scorer.removeprefix(BOXED)
+
+
+def needs_math(scorer: object) -> bool:
+    """Whether ``scorer`` grades with math-verify."""
+    return isinstance(scorer, str) and base_scorer(scorer) in MATH_SCORERS
+
+
+def extracted_answer(
+    scorer: object, answer: str, metadata: Mapping[str, Any] | None = None
+) -> str | None:
+    """The answer ``scorer`` grades, as text (what a majority vote counts); None where it
+    finds none, or where ``scorer`` grades no single extracted answer."""
+    if not isinstance(scorer, str) or base_scorer(scorer) not in EXTRACTING:
+        return None
+    if scorer.startswith(BOXED):
+        answer = miles_rewards.last_boxed(answer) or ""
+    name = base_scorer(scorer)
+    found: str | None
+    if name == "deepscaler":
+        found = miles_rewards.deepscaler_answer(answer)
+    elif name == "dapo":
+        found = miles_rewards.dapo_answer(answer)
+    elif name == "gpqa":
+        found = miles_rewards.gpqa_answer(answer, miles_rewards.gpqa_letters(metadata))
+    elif name == "choice":
+        found = chosen_letter(answer)
+    elif name == "math":
+        found = miles_rewards.last_boxed(answer)
+        if found is None:
+            numbers = _NUMBER.findall(answer)
+            found = numbers[-1].rstrip(".") if numbers else None
+    else:
+        numbers = _NUMBER.findall(answer)
+        found = numbers[-1].rstrip(".").replace(",", "") if numbers else None
+    if found is None:
+        return None
+    found = " ".join(found.split())
+    return found or None
 
 
 def scorer_name(scorer: Scorer) -> str:
     """A stable name for ``scorer``: its name, or the callable's module and qualified name."""
     if isinstance(scorer, str):
         return scorer
+    if isinstance(scorer, Grading):
+        return scorer.name
     module = getattr(scorer, "__module__", None) or "?"
     return f"{module}.{getattr(scorer, '__qualname__', type(scorer).__qualname__)}"
 
 
 def score(scorer: Scorer, answer: str, label: Any, record: Mapping[str, Any] | None = None) -> float:
-    """Grade ``answer`` against ``label`` with ``scorer`` (a name or a callable); 1.0 is correct.
+    """Grade ``answer`` against ``label`` with ``scorer`` (a name, dotted path or callable);
+    1.0 is correct. ``record`` is the dataset record (a callable gets it; ``gpqa`` reads its
+    ``metadata``).
 
     Raises what the scorer raises, and ``ValueError`` if a callable returns something other
-    than a number in [0, 1]; an evaluation counts that and scores the sample 0. Blocking and
-    CPU-bound (``"math"`` runs sympy, which an answer can send into work that never ends):
-    evaluations call it in worker processes (:mod:`actorsys.evals.scoring_pool`).
+    than a number in [0, 1] (or for ``remote_rm``, which needs a dataset's ``rm_url``); an
+    evaluation counts that and scores the sample 0. Blocking and CPU-bound (``"math"`` runs
+    sympy, which an answer can send into work that never ends): evaluations call it in worker
+    processes (:mod:`actorsys.evals.scoring_pool`).
     """
+    if isinstance(scorer, Grading):
+        return scorer.grade(answer, label, record if record is not None else {})
     resolved = check_scorer(scorer)
+    if isinstance(resolved, str) and _DOTTED.match(resolved):
+        resolved = load_scorer(resolved)
     if callable(resolved):
         value = resolved(answer, label, record if record is not None else {})
         if isinstance(value, bool):
@@ -83,7 +184,23 @@ def score(scorer: Scorer, answer: str, label: Any, record: Mapping[str, Any] | N
                 f"scorer {scorer_name(resolved)} returned {value!r}; expected a number in [0, 1]"
             )
         return float(value)
-    return _BUILTIN[resolved](answer, label)
+    metadata = record.get("metadata") if isinstance(record, Mapping) else None
+    return builtin_score(resolved, answer, label, metadata if isinstance(metadata, Mapping) else None)
+
+
+def builtin_score(
+    scorer: str, answer: str, label: Any, metadata: Mapping[str, Any] | None = None
+) -> float:
+    """A built-in scorer (``boxed_`` prefix included) on ``answer``; ``metadata`` is the
+    record's (for ``gpqa``)."""
+    if scorer.startswith(BOXED):
+        answer = miles_rewards.last_boxed(answer) or ""
+        scorer = base_scorer(scorer)
+    if scorer == "remote_rm":
+        raise ValueError("remote_rm scores through a reward server: set the dataset's rm_url")
+    if scorer == "gpqa":
+        return miles_rewards.gpqa(answer, label, metadata)
+    return _BUILTIN[scorer](answer, label)
 
 
 def parse_number(text: object) -> float:
@@ -158,9 +275,21 @@ def _math(answer: str, label: Any) -> float:
     return float(verify(gold, predicted, timeout_seconds=seconds))
 
 
+def _deepscaler(answer: str, label: Any) -> float:
+    return miles_rewards.deepscaler(answer, label, _equivalent)
+
+
+def _equivalent(given: str, gold: str) -> bool:
+    """Math equivalence of an extracted answer and a label (math-verify)."""
+    return _math(f"\\boxed{{{given}}}", gold) == 1.0
+
+
 _BUILTIN: dict[str, Callable[[str, Any], float]] = {
     "exact": _exact,
     "numeric": _numeric,
     "math": _math,
     "choice": _choice,
+    "deepscaler": _deepscaler,
+    "dapo": miles_rewards.dapo,
+    "f1": miles_rewards.f1,
 }

@@ -183,6 +183,6 @@ def score_batch(scorer: Scorer, items: Sequence[Item]) -> list[tuple[float, str 
 
 def warm_up(scorer: Scorer) -> int:
     """Runs in a worker: import what ``scorer`` needs; the worker's pid."""
-    if scorer == "math":
+    if scorer == "math" or getattr(scorer, "needs_math", False):  # a dataset's Grader
         import math_verify  # noqa: F401
     return os.getpid()

@@ -1,7 +1,9 @@
 """Completions for eval fns: bounded concurrency, a deadline per request, a version check.
 
 An eval fn runs on a pinned fleet; ``await input.fleet.complete(prompts)`` sends one
-OpenAI-style ``/v1/completions`` request per prompt to the fleet's router (or round-robin over
+OpenAI-style ``/v1/completions`` request per prompt (text, or token ids: a chat prompt rendered
+by its template goes as ids, which vLLM, sglang and the CPU engine take as they are, adding no
+BOS of their own) to the fleet's router (or round-robin over
 its engines) and returns the answers in prompt order. Engines that report the version of the
 weights behind an answer (sglang's ``metadata.weight_version``, the embedded engine) are held
 to the pinned version: a stale answer fails the evaluation as ``pin_violation``, because a
@@ -76,7 +78,7 @@ class Completion:
     again."""
 
     index: int
-    prompt: str
+    prompt: str | list[int]
     text: str
     finish_reason: str | None
     weight_version: str | None
@@ -88,7 +90,7 @@ class Completion:
 
 async def complete(
     targets: Sequence[str],
-    prompts: Sequence[str],
+    prompts: Sequence[str | Sequence[int]],
     *,
     expected_version: str | None = None,
     max_tokens: int | Sequence[int] = 64,
@@ -102,7 +104,8 @@ async def complete(
     keep_failures: bool = False,
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> list[Completion]:
-    """Complete ``prompts`` on the servers at ``targets`` (prompt ``i`` goes to
+    """Complete ``prompts`` (each a string, or a sequence of token ids sent as they are) on
+    the servers at ``targets`` (prompt ``i`` goes to
     ``targets[i % len(targets)]``); return the answers in prompt order.
 
     At most ``concurrency`` requests are in flight; each must be answered within
@@ -125,6 +128,7 @@ async def complete(
         raise ConfigError("complete(targets)", "at least one server URL is required")
     if isinstance(prompts, str):
         raise ConfigTypeError("complete(prompts)", "pass a sequence of strings, not one string")
+    payloads = [prompt_payload(index, prompt) for index, prompt in enumerate(prompts)]
     if not isinstance(concurrency, int) or concurrency < 1:
         raise ConfigError("complete(concurrency)", f"expected an integer >= 1, got {concurrency!r}")
     if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
@@ -161,7 +165,7 @@ async def complete(
                 "temperature": temperature,
                 **(extra or {}),
             }
-            for prompt, limit in zip(prompts, limits, strict=True)
+            for prompt, limit in zip(payloads, limits, strict=True)
         ]
 
         async def attempt(index: int, url: str) -> Completion:
@@ -208,6 +212,20 @@ async def complete(
     if failure:
         raise failure[0]
     return [answer for answer in results if answer is not None]
+
+
+def prompt_payload(index: int, prompt: object) -> str | list[int]:
+    """A prompt as a request carries it: a string, or a non-empty list of token ids."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, Sequence) and prompt and all(
+        isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in prompt
+    ):
+        return [int(i) for i in prompt]
+    raise ConfigTypeError(
+        f"complete(prompts[{index}])",
+        "expected a string or a non-empty sequence of token ids (non-negative integers)",
+    )
 
 
 async def served_model(client: httpx.AsyncClient, url: str) -> str | None:

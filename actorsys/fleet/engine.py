@@ -126,7 +126,7 @@ class Fleet:
 
     async def complete(
         self,
-        prompts: Sequence[str],
+        prompts: Sequence[str | Sequence[int]],
         *,
         max_tokens: int | Sequence[int] = 64,
         temperature: float = 0.0,
@@ -139,7 +139,8 @@ class Fleet:
         retries: int = 0,
         keep_failures: bool = False,
     ) -> list[Completion]:
-        """Complete every prompt on this fleet; see :func:`actorsys.fleet.completions.complete`.
+        """Complete every prompt (text, or token ids sent as they are: a rendered chat
+        prompt) on this fleet; see :func:`actorsys.fleet.completions.complete`.
 
         Requests go to the router if there is one, else round-robin over the engines;
         ``api_key`` defaults to the engines' own (:attr:`api_key`). With ``check_version``,

@@ -28,6 +28,9 @@ def test_every_command_has_help(command: list[str], capsys: pytest.CaptureFixtur
         (["watch", ".", "--engines", "2", "--engine-url", "http://x"], "--engine-url"),
         (["watch", ".", "--poll-interval", "-1"], "--poll-interval"),
         (["report", "/no/such.jsonl"], "METRICS.jsonl"),
+        (["watch", ".", "--apply-chat-template-kwargs", "{enable_thinking: false}"],
+         "--apply-chat-template-kwargs"),
+        (["watch", ".", "--custom-rm-path", "no.such.scorer"], "--custom-rm-path"),
     ],
 )
 def test_a_bad_argument_is_one_line_naming_it_exit_2(

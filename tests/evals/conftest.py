@@ -70,3 +70,56 @@ def running(pids: list[int]) -> list[int]:
         except psutil.NoSuchProcess:
             pass
     return alive
+
+
+@dataclass(frozen=True)
+class ChatSet:
+    """The tiny chat model, and a dataset of its conversations in two flavours (thinking on,
+    and off through ``enable_thinking``) whose labels are transformers' own greedy answers
+    from ``apply_chat_template(..., tokenize=True)``, and the answers to the same prompts with
+    a second BOS in front."""
+
+    model: Path
+    path: Path
+    expected: dict[str, list[str]]
+    double_bos: dict[str, list[str]]
+
+    def datasets(self, **settings: object) -> list[EvalDataset]:
+        return [
+            EvalDataset.from_jsonl(self.path, name="thinking", input_key="messages",
+                                   label_key="thinking", tool_key="tools",
+                                   apply_chat_template=True, max_tokens=CHAT_TOKENS,
+                                   **settings),  # type: ignore[arg-type]
+            EvalDataset.from_jsonl(self.path, name="direct", input_key="messages",
+                                   label_key="direct", tool_key="tools",
+                                   apply_chat_template=True, max_tokens=CHAT_TOKENS,
+                                   chat_template_kwargs={"enable_thinking": False},
+                                   **settings),  # type: ignore[arg-type]
+        ]
+
+
+CHAT_TOKENS = 8
+
+
+@pytest.fixture(scope="session")
+def chat_set(tmp_path_factory: pytest.TempPathFactory) -> ChatSet:
+    from transformers import PreTrainedTokenizerFast
+
+    from tests.chat_models import CONVERSATIONS, greedy_ids, make_chat_model, template_ids
+
+    root = tmp_path_factory.mktemp("chat")
+    model = make_chat_model(root / "model", seed=7)
+    bos = PreTrainedTokenizerFast.from_pretrained(model).bos_token_id
+    flavours = {"thinking": {}, "direct": {"enable_thinking": False}}
+    prompts = {name: [template_ids(model, c, **kwargs) for c in CONVERSATIONS]
+               for name, kwargs in flavours.items()}
+    assert all(ids[0] == bos and ids[1] != bos for ids in prompts["direct"])
+    expected = {name: greedy_ids(model, ids, CHAT_TOKENS) for name, ids in prompts.items()}
+    doubled = {name: greedy_ids(model, [[bos, *p] for p in ids], CHAT_TOKENS)
+               for name, ids in prompts.items()}
+    path = root / "chat.jsonl"
+    path.write_text("".join(
+        json.dumps({**c, "thinking": expected["thinking"][i], "direct": expected["direct"][i]}) + "\n"
+        for i, c in enumerate(CONVERSATIONS)
+    ))
+    return ChatSet(model, path, expected, doubled)

@@ -56,8 +56,9 @@ def test_a_missing_key_names_the_line_the_key_and_the_setting_to_change(tmp_path
 
 
 def test_a_prompt_that_is_not_a_string_is_refused(tmp_path: Path) -> None:
-    path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": [{"role": "user"}], "label": 1}])
-    with pytest.raises(DatasetError, match=r"line 1: prompt: expected a non-empty string, got a list"):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": {"role": "user"}, "label": 1}])
+    with pytest.raises(DatasetError, match=r"line 1: prompt: expected a non-empty string or a "
+                                           r"list of chat messages, got an object"):
         EvalDataset.from_jsonl(path)
 
 
@@ -133,7 +134,7 @@ def test_eval_config_resolves_paths_against_the_file_and_layers_defaults(tmp_pat
     math, mc = load_eval_config(config, defaults={"top_p": 0.9, "temperature": 0.1})
     assert (math.name, math.scorer, math.n_samples, math.max_tokens) == ("math", "math", 4, 64)
     assert (math.temperature, math.top_p) == (0.7, 0.9)
-    assert (mc.scorer, mc.n_samples, mc.prompts) == ("choice", 1, ["pick"])
+    assert (mc.scorer, mc.n_samples, mc.prompts) == ("gpqa", 1, ["pick"])
 
 
 def test_eval_config_may_sit_under_an_eval_key(tmp_path: Path) -> None:

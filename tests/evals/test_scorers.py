@@ -74,8 +74,9 @@ def test_choice_labels_may_be_letters_or_indices() -> None:
     assert score("choice", "Answer: C", "(b)") == 0.0
 
 
-def test_miles_rm_types_are_aliases() -> None:
-    assert score("deepscaler", "\\boxed{2}", "2") == 1.0
+def test_miles_rm_types_grade_with_miles_semantics_not_as_aliases() -> None:
+    assert score("deepscaler", "\\boxed{2}", "2") == 0.0  # no </think>: miles scores 0
+    assert score("deepscaler", "hmm</think>\\boxed{2}", "2") == 1.0
     assert score("gpqa", "Answer: A", "A") == 1.0
 
 

@@ -8,6 +8,7 @@ checkpoints and each answer carries the version of the weights that produced it.
 from __future__ import annotations
 
 import inspect
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -33,14 +34,16 @@ INITIAL_VERSION = "default"
 @dataclass(frozen=True)
 class GenerationRequest:
     """One sequence to continue. ``temperature == 0`` is greedy; ``seed`` makes sampling
-    repeatable. Generation ends at the first of ``stop`` that appears in the decoded text.
-    ``logprobs`` (top-k count) asks for the log-probabilities of the generated tokens, and
-    with ``echo`` of the prompt's tokens too."""
+    repeatable; ``top_k`` (None: off) samples among the most likely tokens only. Generation
+    ends at the first of ``stop`` that appears in the decoded text. ``logprobs`` (top-k count)
+    asks for the log-probabilities of the generated tokens, and with ``echo`` of the prompt's
+    tokens too."""
 
     input_ids: list[int]
     max_new_tokens: int
     temperature: float = 0.0
     top_p: float = 1.0
+    top_k: int | None = None
     seed: int | None = None
     ignore_eos: bool = False
     stop: tuple[str, ...] = ()
@@ -254,6 +257,9 @@ def _choose(
 ) -> int:
     if request.temperature <= 0:
         return int(torch.argmax(logits).item())
+    if request.top_k is not None and request.top_k < logits.shape[-1]:
+        kept = torch.topk(logits, request.top_k).indices
+        logits = torch.full_like(logits, -math.inf).scatter(0, kept, logits[kept])
     probs = torch.softmax(logits / request.temperature, dim=-1)
     if request.top_p < 1.0:
         sorted_probs, order = torch.sort(probs, descending=True)

@@ -89,6 +89,7 @@ def generate_requests(
             max_tokens=p.get("max_new_tokens", 128),
             temperature=p.get("temperature", 1.0),
             top_p=p.get("top_p", 1.0),
+            top_k=p.get("top_k"),
             seed=p.get("sampling_seed", p.get("seed")),
             ignore_eos=p.get("ignore_eos", False),
             prefix="sampling_params.",
@@ -133,6 +134,7 @@ def completion_requests(body: dict[str, Any], host: Tokenizing) -> list[Generati
             max_tokens=body.get("max_tokens", 16),
             temperature=body.get("temperature", 1.0),
             top_p=body.get("top_p", 1.0),
+            top_k=body.get("top_k"),
             seed=body.get("seed"),
             ignore_eos=body.get("ignore_eos", False),
             prefix="",
@@ -154,6 +156,7 @@ def _request(
     top_p: Any,
     seed: Any,
     ignore_eos: Any,
+    top_k: Any = None,
     prefix: str,
     max_tokens_field: str,
     stop: tuple[str, ...] = (),
@@ -182,6 +185,8 @@ def _request(
         )
     if not _is_number(top_p) or not 0 < top_p <= 1:
         raise BadRequest(f"{prefix}top_p: expected a number in (0, 1], got {top_p!r}")
+    if top_k is not None and (not _is_int(top_k) or top_k < -1):
+        raise BadRequest(f"{prefix}top_k: expected an integer >= -1 (-1 or 0: off), got {top_k!r}")
     low, high = SEED_RANGE
     if seed is not None and (not _is_int(seed) or not low <= seed < high):
         raise BadRequest(
@@ -194,6 +199,7 @@ def _request(
         max_new_tokens=max_tokens,
         temperature=float(temperature),
         top_p=float(top_p),
+        top_k=top_k if top_k is not None and top_k > 0 else None,
         seed=seed,
         ignore_eos=ignore_eos,
         stop=stop,
