@@ -194,8 +194,9 @@ def gpqa(answer: str, label: Any, metadata: Mapping[str, Any] | None) -> float:
     targets += [str(metadata[key]) for key in ("correct_answer", "answer_text") if metadata.get(key)]
     if label_text:
         targets.append(label_text)
-    response = _plain(_strip_thinking(answer))
-    if any(_plain(target) and _plain(target) in response for target in targets):
+    # Whole words only: a one-letter label would otherwise be found inside any word.
+    response = f" {_plain(_strip_thinking(answer))} "
+    if any(_plain(target) and f" {_plain(target)} " in response for target in targets):
         return 1.0
     if picked is not None and correct is None and label_text:
         return float(picked == label_text.upper())

@@ -76,6 +76,7 @@ def test_gpqa_reads_labels_as_letters_indices_or_choice_text() -> None:
     assert score("gpqa", "Answer: B", "green", record) == 1.0
     assert score("gpqa", "it must be green", "green", record) == 1.0  # no letter: the text
     assert score("gpqa", "Answer: C", "green", record) == 0.0
+    assert score("gpqa", "I cannot decide", "C", None) == 0.0  # no letter inside a word
 
 
 def test_a_dapo_label_that_is_not_an_integer_is_refused_at_construction() -> None:
