@@ -52,7 +52,13 @@ from actorsys.fleet.embedded import API_KEY_ENV as ENGINE_API_KEY_ENV
 from actorsys.fleet.engine import Engine, Fleet
 from actorsys.fleet.sglang import SGLangEngine
 from actorsys.fleet.vllm import RELOAD, TIED_RELOAD, VLLMEngine
-from actorsys.fleet.vllm_launch import VLLMLaunch, vllm_command, vllm_launch
+from actorsys.fleet.vllm_launch import (
+    VLLM_INHERITED_MODULE,
+    VLLM_SERVER_MODULE,
+    VLLMLaunch,
+    vllm_command,
+    vllm_launch,
+)
 from actorsys.fleet.vllm_worker.actorsys_api_key import KEY_ENV as VLLM_API_KEY_ENV
 from actorsys.runtime import RestartIntensity
 
@@ -171,7 +177,15 @@ def vllm(
         ),
         env=launch(0).env,
         api_key_env=VLLM_API_KEY_ENV,
+        listen=serve_inherited,
     )
+
+
+def serve_inherited(argv: list[str], fd: int) -> list[str]:
+    """A vLLM server command (from :func:`vllm_command`) that serves the listening socket at
+    descriptor ``fd`` through ``actorsys_vllm_serve`` (in ``vllm_worker``) instead of binding."""
+    module = argv.index(VLLM_SERVER_MODULE)
+    return [*argv[:module], VLLM_INHERITED_MODULE, "--listen-fd", str(fd), *argv[module + 1 :]]
 
 
 @dataclass
