@@ -17,8 +17,10 @@ No other local user can take an engine's port and with it the key (see ``_port``
 binds each engine's listening socket itself, on a port the kernel picks, and the engine serves
 that socket (``EngineSpec.listen``); the fleet keeps its copy open until it closes, so the port
 is never free, not even while the engine restarts (connections wait in the backlog). The
-router, which binds its own ports, gets no request, ``/health`` included, before the socket
-that listens on its port is proven to be held by the router's own processes.
+router, which binds its own ports (sglang-router serves no inherited socket), gets no request,
+``/health`` included, before the socket that listens on its port is proven to be held by the
+router's own processes; should it exit, its port is free again, so the fleet forgets it and
+sends its requests to the engines directly.
 
 Engines are supervised like the pipeline's actors: one that exits is started again on its
 port (its client stays valid), at most ``max_restarts`` times within ``restart_period``
@@ -296,6 +298,8 @@ class LocalFleet:
                 local._nursery = nursery
                 for engine in local.engines:
                     nursery.start_soon(local._supervise, engine)
+                if local.router is not None:
+                    nursery.start_soon(local._watch_router, local.router)
                 try:
                     yield local
                 finally:
@@ -386,6 +390,19 @@ class LocalFleet:
         started = self._start_engine(engine.name, engine.spec, engine.port, engine.listener)
         engine.process, engine.listener = started.process, started.listener
         await self._wait_healthy(engine.process, engine.url, proven=engine.listener is not None)
+
+    async def _watch_router(self, router: ManagedProcess) -> None:
+        """When the router exits, send the fleet's requests to the engines themselves: the
+        router's port is free from then on, and another user could take it (sglang-router
+        binds its own port and cannot serve a socket the fleet holds)."""
+        status = await router.wait()
+        if self._closing:
+            return
+        log.error("the router exited with status %s; the fleet's requests go to its engines "
+                  "directly from now on (its port is not ours any more); log tail:\n%s",
+                  status, router.log_tail(1000))
+        self.router_url = None
+        self.fleet.router_url = None
 
     async def _supervise(self, engine: LocalEngine) -> None:
         """Restart ``engine`` whenever its process exits, within the restart intensity."""

@@ -131,3 +131,19 @@ async def test_a_launched_server_whose_port_was_taken_is_sent_no_key(
     finally:
         await server.stop()
     assert stand_in.requests == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+async def test_a_router_that_exits_is_forgotten_so_nothing_goes_to_its_free_port(
+    tiny: TinyModels,
+) -> None:
+    async with LocalFleet.open([embedded(str(tiny.base))], router=True,
+                               startup_timeout=120.0) as local:
+        assert local.router is not None and local.fleet.router_url is not None
+        local.router.signal_group(signal.SIGKILL)
+        with trio.fail_after(30):
+            while local.fleet.router_url is not None:
+                await trio.sleep(0.05)
+        assert local.fleet.base_url == local.engines[0].url
+        await local.engines[0].client.health()

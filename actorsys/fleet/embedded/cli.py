@@ -6,8 +6,10 @@ SIGTERM ends it within about a second (it holds nothing that needs saving).
 With ``--api-key KEY`` (or the environment's ``ACTORSYS_API_KEY``, which other users cannot
 read the way they can read a command line) every route but ``/health`` needs
 ``Authorization: Bearer KEY``. It listens on 127.0.0.1 unless ``--host`` says otherwise, and
-another address needs a key. ``--model`` must be a local checkpoint directory: nothing is
-fetched from a hub.
+another address needs a key. ``--listen-fd FD`` serves a listening socket inherited from the
+process that started the engine (bound to ``--host``/``--port`` there, so the port is never
+free for another user to take) instead of binding one. ``--model`` must be a local checkpoint
+directory: nothing is fetched from a hub.
 """
 
 from __future__ import annotations
