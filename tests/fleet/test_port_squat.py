@@ -15,6 +15,7 @@ import sys
 import httpx
 import pytest
 import trio
+import trio.testing
 
 from actorsys.fleet import local as local_module
 from actorsys.fleet._port import held_listener, owns_port
@@ -143,7 +144,8 @@ async def test_a_router_that_exits_is_forgotten_so_nothing_goes_to_its_free_port
         assert local.router is not None and local.fleet.router_url is not None
         local.router.signal_group(signal.SIGKILL)
         with trio.fail_after(30):
-            while local.fleet.router_url is not None:
-                await trio.sleep(0.05)
+            await local.router.wait()
+            await trio.testing.wait_all_tasks_blocked()
+        assert local.fleet.router_url is None and local.router_url is None
         assert local.fleet.base_url == local.engines[0].url
         await local.engines[0].client.health()
