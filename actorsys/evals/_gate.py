@@ -17,7 +17,7 @@ holds every answer that reports a weight version to the pinned one: a stale answ
 It forwards with the engines' key, so it is a door another local user must not open or block:
 
 - Only :data:`ROUTES` pass (the completions, chat completions and models routes an
-  evaluation needs), matched exactly, so no ``..`` or percent-encoded form reaches another
+  evaluation needs, and ``/health``), matched exactly, so no ``..`` or percent-encoded form reaches another
   route of the engines (the weight-update ones). Only :data:`FORWARDED_HEADERS` are passed on
   (no hop-by-hop header, no ``Proxy-Authorization``); the key is the gate's own.
 - The token is compared in constant time (``hmac.compare_digest``). A connection counts
@@ -57,12 +57,15 @@ ROUTES = frozenset({
     ("POST", "/v1/completions"),
     ("POST", "/v1/chat/completions"),
     ("GET", "/v1/models"),
+    ("GET", "/health"),
 })
 """The (method, path) pairs the gate forwards; the path after the token must be exactly one
-of these (no query, no other spelling)."""
-FORWARDED_HEADERS = frozenset({"content-type", "accept", "user-agent", "x-request-id"})
+of these (no query, no other spelling). ``/health`` changes nothing and needs no key."""
+FORWARDED_HEADERS = frozenset({"content-type", "accept", "user-agent", "x-request-id",
+                               VERSION_HEADER})
 """The client headers passed on (the client's ``authorization`` too, when the gate has no key
-of its own); every other header, hop-by-hop ones included, stays at the gate."""
+of its own; the version stamp is the gate's own when it pins one); every other header,
+hop-by-hop ones included, stays at the gate."""
 HEAD_TIMEOUT = 10.0
 """Seconds a new connection has to send its first request's head whole."""
 IDLE_TIMEOUT = 60.0
