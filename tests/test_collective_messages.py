@@ -5,12 +5,16 @@ trainer's ``submit``."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from actorsys import EvalConfig
 from actorsys._core.collective import Collective, PeerGoneError
+from actorsys.snapshot._sharded import Piece, Sharding, write_pieces
 
 
 def contributor(tmp_path: Path) -> tuple[Collective, dist.HashStore]:
@@ -72,3 +76,36 @@ def test_a_ready_message_inside_hf_dir_passes(tmp_path: Path) -> None:
     assert collective.wait_ready(1, lambda: None) == (directory, {"m.safetensors": {"w": 8}})
     store.set("ready/2", "null")
     assert collective.wait_ready(2, lambda: None) is None
+
+
+def shard_weights() -> Any:
+    tensor = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    sharding = Sharding({"w": Piece(torch.float32, (4, 3), (2, 3), (2, 0), "self")})
+    return SimpleNamespace(sharding=sharding, tensors={"w": tensor})
+
+
+@pytest.mark.parametrize("start", [0, 24, 40])
+def test_a_shard_range_past_its_file_is_refused_before_any_write(
+    tmp_path: Path, start: int
+) -> None:
+    # 4x3 float32 = 48 bytes; this rank's rows 2-3 are bytes 24..48 past their tensor's start.
+    (tmp_path / "m.safetensors").write_bytes(b"\0" * 64)
+    if start == 0:
+        write_pieces(shard_weights(), str(tmp_path), {"m.safetensors": {"w": 0}},
+                     evaluating=False, check=lambda: None)
+        assert (tmp_path / "m.safetensors").read_bytes()[24:48] != b"\0" * 24
+        return
+    with pytest.raises(ValueError, match="not inside the file"):
+        write_pieces(shard_weights(), str(tmp_path), {"m.safetensors": {"w": start}},
+                     evaluating=False, check=lambda: None)
+    assert (tmp_path / "m.safetensors").read_bytes() == b"\0" * 64
+
+
+def test_a_shard_file_that_is_a_link_is_not_written_through(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"\0" * 64)
+    (tmp_path / "m.safetensors").symlink_to(victim)
+    with pytest.raises(OSError, match="symbolic links"):
+        write_pieces(shard_weights(), str(tmp_path), {"m.safetensors": {"w": 0}},
+                     evaluating=False, check=lambda: None)
+    assert victim.read_bytes() == b"\0" * 64
