@@ -87,3 +87,32 @@ def test_a_file_of_ours_opens_and_truncates_only_after_the_checks(tmp_path: Path
     fd = open_private(str(path), os.O_WRONLY | os.O_TRUNC)
     os.close(fd)
     assert path.read_text() == ""
+
+
+def test_watch_on_an_out_with_a_planted_lock_link_is_one_line_exit_2(
+    tmp_path: Path, victim: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from actorsys.cli import main
+
+    data = tmp_path / "tiny.jsonl"
+    data.write_text('{"prompt": "one two", "label": "three"}\n')
+    (tmp_path / "ckpt").mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".lock").symlink_to(victim)
+    argv = ["watch", str(tmp_path / "ckpt"), "--eval-prompt-data", "tiny", str(data),
+            "--engine-url", "http://127.0.0.1:9", "--once", "--log-level", "warning",
+            "--out", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "symbolic link" in err, err
+    assert victim.read_text() == "precious\n"
+
+
+def test_an_engine_log_that_is_a_planted_link_is_refused(tmp_path: Path, victim: Path) -> None:
+    from actorsys.fleet._process import spawn
+
+    (tmp_path / "engine-0.log").symlink_to(victim)
+    with pytest.raises(UnsafePathError, match="symbolic link"):
+        spawn("engine-0", ["true"], log_path=str(tmp_path / "engine-0.log"))
+    assert victim.read_text() == "precious\n"

@@ -114,7 +114,7 @@ def file_name(text: str) -> str:
 def run_watch(args: argparse.Namespace) -> int:
     import trio
 
-    from actorsys._errors import ConfigError, WatchOutInUseError
+    from actorsys._errors import ConfigError, UnsafePathError, WatchOutInUseError
     from actorsys.evals import DatasetEval, datasets_from_args
     from actorsys.fleet.engine import EngineUnhealthyError
     from actorsys.fleet.local import FleetStartError
@@ -155,7 +155,7 @@ def run_watch(args: argparse.Namespace) -> int:
                  watcher.eval_key, settings.out)
         report = trio.run(_serve, watcher)
     except BaseExceptionGroup as group:
-        in_use = group.subgroup(WatchOutInUseError)
+        in_use = group.subgroup((WatchOutInUseError, UnsafePathError))
         if in_use is not None:
             sys.stderr.write(f"actorsys watch: {_first_leaf(in_use)}\n")
             return 2
