@@ -10,7 +10,10 @@ One root, a flat set of precise meanings; each error carries its context as attr
     │   │                         ``pid`` (the holder's, None if it could not be read)
     │   ├── UnsupportedModelError (snapshot) a model in a form its weights cannot be copied
     │   │                         from (FSDP1, ZeRO-3, quantized); ``form`` names it
-    │   └── WatchOutInUseError    (watch.lock) another watch holds its OUT: ``path``, ``pid``
+    │   ├── WatchOutInUseError    (watch.lock) another watch holds its OUT: ``path``, ``pid``
+    │   └── UnsafePathError       (_files) a file of ours is a link, not a regular file,
+    │                             another user's, or in a directory every user may write:
+    │                             ``path``
     ├── SubmitError             (also a ValueError) a submit call was malformed; ``step``;
     │   │                         nothing changed
     │   └── DuplicateStepError    the step was already submitted
@@ -106,6 +109,16 @@ class WatchOutInUseError(ConfigError):
                                 "or pass another --out")
         self.path = path
         self.pid = pid
+
+
+class UnsafePathError(ConfigError):
+    """A file actorsys writes (a lock, a ledger, a log, a metrics file) cannot be opened
+    safely: ``path`` is a symbolic link, not a regular file, another user's file, or lies in
+    a directory every user may write. Nothing was written through it."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        super().__init__(path, f"refused: {problem}")
+        self.path = path
 
 
 class SubmitError(ActorsysError, ValueError):

@@ -17,6 +17,8 @@ import threading
 import weakref
 from typing import IO, Protocol
 
+from actorsys._errors import UnsafePathError
+from actorsys._files import open_private
 from actorsys.outcome import Outcome
 
 log = logging.getLogger("actorsys.sinks")
@@ -105,10 +107,11 @@ class JsonlSink:
                     continue
                 try:
                     if file is None:
-                        file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open
+                        fd = open_private(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+                        file = os.fdopen(fd, "a", encoding="utf-8")
                     file.write(line)
                     file.flush()
-                except OSError:
+                except (OSError, UnsafePathError):
                     self.errors += 1
                     log.exception("JsonlSink could not write to %s", self.path)
         finally:

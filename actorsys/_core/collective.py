@@ -71,7 +71,54 @@ _opens = itertools.count()
 
 
 class PeerGoneError(ActorsysError):
-    """Another rank did not answer within ``collective_timeout`` (it died, hung or closed)."""
+    """Another rank did not answer within ``collective_timeout`` (it died, hung or closed),
+    or the job's store held a malformed message where its answer belongs (not JSON, not
+    UTF-8, not the expected shape, or a file outside ``hf_dir``): either way a skip."""
+
+
+MAX_MESSAGE_EXCERPT = 80
+
+
+def _malformed(key: str, text: object, problem: str) -> PeerGoneError:
+    excerpt = repr(text)[:MAX_MESSAGE_EXCERPT]
+    return PeerGoneError(f"the message {key!r} in the job's store is malformed ({problem}): "
+                         f"{excerpt}")
+
+
+def _json(key: str, text: str) -> Any:
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise _malformed(key, text, f"not JSON: {exc}") from None
+
+
+def _inside(path: str, root: str) -> bool:
+    """Whether ``path`` lies strictly inside ``root`` once links are resolved."""
+    path, root = os.path.realpath(path), os.path.realpath(root)
+    return path != root and os.path.commonpath([path, root]) == root
+
+
+def checked_ready(key: str, ready: Any, hf_dir: str | None) -> tuple[str, dict[str, dict[str, int]]]:
+    """The ``ready/<step>`` message ``ready`` (parsed JSON, not None) as (directory, starts),
+    or :class:`PeerGoneError`: the directory must lie inside ``hf_dir``, every file name be a
+    plain name of that directory, every start a non-negative integer. (The writer checks
+    that each range ends inside its file.)"""
+    if not isinstance(ready, dict) or not isinstance(ready.get("directory"), str):
+        raise _malformed(key, ready, "expected {'directory': ..., 'starts': ...}")
+    directory, starts = ready["directory"], ready.get("starts")
+    if hf_dir is None or not os.path.isabs(directory) or not _inside(directory, hf_dir):
+        raise _malformed(key, directory, f"the directory is not inside hf_dir {hf_dir}")
+    if not isinstance(starts, dict):
+        raise _malformed(key, starts, "expected the starts as an object")
+    for filename, names in starts.items():
+        plain = (filename not in ("", ".", "..") and "/" not in filename and "\0" not in filename)
+        if not plain:
+            raise _malformed(key, filename, "a file name that is not a plain name")
+        if not isinstance(names, dict) or not all(
+            isinstance(n, str) and type(at) is int and at >= 0 for n, at in names.items()
+        ):
+            raise _malformed(key, names, "expected tensor names with non-negative offsets")
+    return directory, starts
 
 
 def is_collective_job() -> bool:
@@ -240,8 +287,15 @@ class Collective:
         """The evaluating rank's answer to this rank's next submit. Raises
         :class:`PeerGoneError` once it stopped beating (or closed)."""
         seq = next(self._submits)
-        answer = self._wait_for(f"decision/{seq}", "its admission decision", alive=True)
-        step, admitted, error = json.loads(answer)
+        key = f"decision/{seq}"
+        decision = _json(key, self._wait_for(key, "its admission decision", alive=True))
+        if not (
+            isinstance(decision, list) and len(decision) == 3
+            and type(decision[0]) is int and isinstance(decision[1], bool)
+            and (decision[2] is None or isinstance(decision[2], str))
+        ):
+            raise _malformed(key, decision, "expected [step, admitted, error]")
+        step, admitted, error = decision
         return Decision(step, admitted, error)
 
     def wait_ready(
@@ -253,8 +307,12 @@ class Collective:
         )
         if text is None:
             return None
-        ready = json.loads(text)
-        return (ready["directory"], ready["starts"]) if ready else None
+        key = f"ready/{step}"
+        ready = _json(key, text)
+        if ready is None:
+            return None
+        staging_dir = self.config.staging_dir
+        return checked_ready(key, ready, None if staging_dir is None else os.path.abspath(staging_dir))
 
     def contributed(self, step: int, error: str | None) -> None:
         self._store.set(f"done/{step}/{self.rank}", error or "ok")
@@ -295,7 +353,11 @@ class Collective:
         last_beat: bytes | None = None
         while True:
             if self._store.check([key]):
-                return self._store.get(key).decode()
+                value = self._store.get(key)
+                try:
+                    return value.decode()
+                except UnicodeDecodeError:
+                    raise _malformed(key, value, "not UTF-8") from None
             if gone is not None and self._store.check([gone]):
                 return None
             if check is not None:

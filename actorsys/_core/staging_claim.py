@@ -8,7 +8,9 @@ released at close, and by the OS when the holding process dies, so a crashed job
 the dir locked. The sweep runs only under the lock: it can never remove a live job's tmp dirs.
 At release the lock file is removed while still locked; an opener that locked a file since
 removed finds that its path names another file now and tries again, so two openers can never
-both hold the dir.
+both hold the dir. The lock file is opened without following links (``_files.open_private``):
+a link planted there is refused (:class:`~actorsys._errors.UnsafePathError`), never truncated
+through.
 
 The hook for a sharded job (``torch.distributed``): the evaluating rank claims the dir with
 ``lock=True``; the other ranks of the same job open it with ``lock=False``, which prepares the
@@ -29,6 +31,7 @@ import trio
 
 from actorsys import staging
 from actorsys._errors import StagingInUseError
+from actorsys._files import open_private
 from actorsys.runtime import ThreadTracker, run_blocking
 
 log = logging.getLogger("actorsys")
@@ -106,7 +109,7 @@ async def open_staging(path: str, tracker: ThreadTracker, *, lock: bool = True) 
 def _take_lock(path: str) -> int:
     lock_path = os.path.join(path, LOCK_NAME)
     while True:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_private(lock_path, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if _same_file(fd, lock_path):

@@ -61,7 +61,8 @@ def add_watch_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
                        help="evaluate on servers that run anyway (vLLM or sglang), one fleet each")
     engines.add_argument("--engine-api-key", metavar="KEY", default=None,
                          help="the --engine-url servers' key, sent as 'Authorization: Bearer "
-                              "KEY' (default: $ACTORSYS_API_KEY)")
+                              "KEY' (default: $ACTORSYS_API_KEY; prefer that: a key on the "
+                              "command line is visible to every local user, in ps and /proc)")
     engines.add_argument("--fleets", type=int_at_least(1), metavar="K",
                          help="deal the engines into K fleets that evaluate in parallel "
                               "(default: 1 for --engines, one per --engine-url)")
@@ -113,7 +114,7 @@ def file_name(text: str) -> str:
 def run_watch(args: argparse.Namespace) -> int:
     import trio
 
-    from actorsys._errors import ConfigError, WatchOutInUseError
+    from actorsys._errors import ConfigError, UnsafePathError, WatchOutInUseError
     from actorsys.evals import DatasetEval, datasets_from_args
     from actorsys.fleet.engine import EngineUnhealthyError
     from actorsys.fleet.local import FleetStartError
@@ -154,7 +155,7 @@ def run_watch(args: argparse.Namespace) -> int:
                  watcher.eval_key, settings.out)
         report = trio.run(_serve, watcher)
     except BaseExceptionGroup as group:
-        in_use = group.subgroup(WatchOutInUseError)
+        in_use = group.subgroup((WatchOutInUseError, UnsafePathError))
         if in_use is not None:
             sys.stderr.write(f"actorsys watch: {_first_leaf(in_use)}\n")
             return 2
@@ -240,6 +241,9 @@ def _fleets_for(args: argparse.Namespace, parser: argparse.ArgumentParser) -> An
             parser.error(f"argument --fleets: {count} > the {len(args.engine_url)} --engine-url "
                          "servers; pass at most one fleet per server")
 
+        if args.engine_api_key:
+            log.warning("--engine-api-key puts the key on the command line, where every local "
+                        "user can read it; set ACTORSYS_API_KEY instead")
         api_key = args.engine_api_key or os.environ.get("ACTORSYS_API_KEY") or None
 
         def attached(_checkpoint: Any) -> AbstractAsyncContextManager[Any]:

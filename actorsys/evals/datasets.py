@@ -58,11 +58,17 @@ SAMPLING_FIELDS = ("input_key", "label_key", "n_samples", "max_tokens", "tempera
 """The settings of a dataset beyond its name and records (what ``defaults`` may set)."""
 
 
+MAX_MESSAGE = 2000
+"""The longest message a :class:`DatasetError` carries; longer ones are cut."""
+
+
 class DatasetError(ConfigError):
     """A dataset file (or eval config) is unusable. ``path``, ``line`` (1-based, or None) and
     ``key`` (the record key or setting at fault, or None) say where."""
 
     def __init__(self, path: str, line: int | None, key: str | None, message: str) -> None:
+        if len(message) > MAX_MESSAGE:  # an excerpt of bad input, never all of it
+            message = f"{message[:MAX_MESSAGE]}... ({len(message)} characters)"
         where = path if line is None else f"{path}, line {line}"
         Exception.__init__(self, f"{where}: {message}" if key is None else f"{where}: {key}: {message}")
         self.field = key or "path"

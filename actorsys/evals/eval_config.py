@@ -39,6 +39,8 @@ import yaml
 from actorsys._errors import ConfigError
 from actorsys.evals.datasets import SAMPLING_FIELDS, DatasetError, EvalDataset
 
+MAX_NODES = 100_000
+"""The most values an eval config may hold once its YAML aliases are expanded."""
 MILES_KEYS = {
     "n_samples_per_eval_prompt": "n_samples",
     "max_response_len": "max_tokens",
@@ -64,11 +66,14 @@ def load_eval_config(
         raise DatasetError(file, None, None, f"cannot be read: {exc}") from None
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
+        _check_expansion(file, root)
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = None if mark is None else mark.line + 1
         raise DatasetError(file, line, None, f"invalid YAML: {exc}") from None
+    except RecursionError:
+        raise DatasetError(file, None, None, "YAML nested too deeply") from None
     if isinstance(data, dict) and set(data) == {"eval"}:
         data = data["eval"]
         root = _value_node(root, "eval")
@@ -96,6 +101,41 @@ def load_eval_config(
             node = items.value[index] if isinstance(items, yaml.SequenceNode) else None
             raise DatasetError(file, _line(node), "name", f"dataset name {name!r} appears twice")
     return datasets
+
+
+def _check_expansion(file: str, root: yaml.Node | None) -> None:
+    """Raise :class:`DatasetError` when ``root`` is larger than :data:`MAX_NODES` nodes once
+    its aliases are expanded (a "billion laughs" of nested aliases: a few hundred bytes that
+    expand to gigabytes wherever the value is printed or walked), or refers to itself."""
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in active:
+            raise DatasetError(file, _line(node), None, "a YAML alias that refers to itself")
+        active.add(key)
+        total = 1
+        if isinstance(node, yaml.SequenceNode):
+            children: list[yaml.Node] = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [part for pair in node.value for part in pair]
+        else:
+            children = []
+        for child in children:
+            total += size(child)
+            if total > MAX_NODES:
+                raise DatasetError(file, _line(node), None,
+                                   f"the YAML expands to more than {MAX_NODES} values (through "
+                                   "its aliases); an eval config is far smaller")
+        active.discard(key)
+        sizes[key] = total
+        return total
+
+    if root is not None:
+        size(root)
 
 
 def _dataset(

@@ -204,12 +204,19 @@ def builtin_score(
 
 
 def parse_number(text: object) -> float:
-    """A label as a number (``3``, ``"3.50"``, ``"1,234"``); raises ``ValueError``."""
+    """A label as a finite number (``3``, ``"3.50"``, ``"1,234"``); raises ``ValueError``
+    (also for a number beyond a float's range, such as ``1e309`` or a 400-digit integer, and
+    for ``inf`` or ``nan``)."""
     if isinstance(text, bool):
         raise ValueError(f"{text!r} is not a number")
-    if isinstance(text, int | float):
-        return float(text)
-    return float(str(text).strip().replace(",", ""))
+    try:
+        value = float(text) if isinstance(text, int | float) else float(
+            str(text).strip().replace(",", ""))
+    except OverflowError:
+        raise ValueError("a number beyond a float's range (about 1.8e308)") from None
+    if not math.isfinite(value):
+        raise ValueError("not a finite number")
+    return value
 
 
 def choice_index(label: object) -> int:

@@ -171,13 +171,15 @@ def _limiters() -> tuple[trio.CapacityLimiter, trio.CapacityLimiter]:
 
 
 def score_batch(scorer: Scorer, items: Sequence[Item]) -> list[tuple[float, str | None]]:
-    """Runs in a worker: score every item, catching what each scorer raises."""
+    """Runs in a worker: score every item, catching whatever each scorer raises
+    (``BaseException`` included: a scorer's ``sys.exit()`` or ``KeyboardInterrupt`` scores
+    that answer 0 like any other error, and the worker scores on)."""
     scored: list[tuple[float, str | None]] = []
     for answer, label, record in items:
         try:
             scored.append((score(scorer, answer, label, record), None))
-        except Exception as exc:
-            scored.append((0.0, f"scorer {scorer_name(scorer)} raised {exc!r}"))
+        except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt too: a 0
+            scored.append((0.0, f"scorer {scorer_name(scorer)} raised {exc!r}"[:1000]))
     return scored
 
 

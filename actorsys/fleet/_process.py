@@ -22,6 +22,8 @@ from collections.abc import Mapping, Sequence
 
 import trio
 
+from actorsys._files import open_private
+
 REAPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_reaper.py")
 
 
@@ -113,22 +115,29 @@ def spawn(
     env: Mapping[str, str] | None = None,
     grace: float = 5.0,
     cwd: str | None = None,
+    pass_fds: Sequence[int] = (),
 ) -> ManagedProcess:
-    """Start ``command`` under a reaper in a new process group; output goes to ``log_path``.
+    """Start ``command`` under a reaper in a new process group; output goes to ``log_path``
+    (appended to; a link or another user's file there raises ``UnsafePathError``).
+    ``pass_fds``: descriptors the command inherits, at the same numbers (a listening socket
+    the caller bound, see ``_port``); no other descriptor of this process reaches it.
 
     Blocks the calling thread for the fork and exec (milliseconds). See the module docstring
     for why it must be called from the thread that owns the process.
     """
-    argv = [sys.executable, "-I", REAPER, str(os.getpid()), str(grace), "--", *command]
+    fds = [f"--pass-fds={','.join(str(fd) for fd in pass_fds)}"] if pass_fds else []
+    argv = [sys.executable, "-I", REAPER, str(os.getpid()), str(grace), *fds, "--", *command]
     environment = dict(os.environ if env is None else env)
     if log_path is not None:
-        with open(log_path, "ab") as log:
+        log_fd = open_private(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        with os.fdopen(log_fd, "ab") as log:
             popen = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, env=environment, cwd=cwd,
+                start_new_session=True, env=environment, cwd=cwd, pass_fds=tuple(pass_fds),
             )
     else:
         popen = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, start_new_session=True, env=environment, cwd=cwd
+            argv, stdin=subprocess.DEVNULL, start_new_session=True, env=environment, cwd=cwd,
+            pass_fds=tuple(pass_fds),
         )
     return ManagedProcess(name, popen, log_path)

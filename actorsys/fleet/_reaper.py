@@ -1,6 +1,7 @@
 """Guards one engine process so that it never outlives its owner.
 
-Run as a script (``python _reaper.py OWNER_PID GRACE -- COMMAND...``), never imported by the
+Run as a script (``python _reaper.py OWNER_PID GRACE [--pass-fds=FD,...] -- COMMAND...``; the
+listed descriptors reach COMMAND at the same numbers), never imported by the
 owner: it must start fast and light. It leads the process group the owner created for it and
 runs COMMAND in that group. It asks the kernel for SIGTERM when the owner's thread that
 started it ends (``PR_SET_PDEATHSIG``), which covers an owner that crashes or is killed; it then
@@ -44,8 +45,13 @@ def _stop_group(child: subprocess.Popen[bytes], grace: float) -> None:
 
 
 def main(argv: list[str]) -> int:
+    pass_fds: tuple[int, ...] = ()
+    if len(argv) > 2 and argv[2].startswith("--pass-fds="):
+        pass_fds = tuple(int(fd) for fd in argv[2].partition("=")[2].split(","))
+        argv = [*argv[:2], *argv[3:]]
     if len(argv) < 4 or argv[2] != "--":
-        print("usage: _reaper.py OWNER_PID GRACE -- COMMAND...", file=sys.stderr)
+        print("usage: _reaper.py OWNER_PID GRACE [--pass-fds=FD,...] -- COMMAND...",
+              file=sys.stderr)
         return 2
     owner, grace, command = int(argv[0]), float(argv[1]), argv[3:]
     libc = ctypes.CDLL(None, use_errno=True)
@@ -59,7 +65,9 @@ def main(argv: list[str]) -> int:
         if os.getppid() != reaper:
             os._exit(1)
 
-    child = subprocess.Popen(command, preexec_fn=die_with_reaper)
+    child = subprocess.Popen(command, preexec_fn=die_with_reaper, pass_fds=pass_fds)
+    for fd in pass_fds:
+        os.close(fd)  # the command holds them now; the reaper has no use for them
 
     def on_term(signum: int, frame: object) -> None:
         _stop_group(child, grace)

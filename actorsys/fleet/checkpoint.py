@@ -84,7 +84,12 @@ def weight_files(path: str) -> list[str]:
                 weight_map = json.load(f)["weight_map"]
             names = sorted(set(weight_map.values()))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise CheckpointMismatchError(path, f"{INDEX} is unreadable: {exc!r}") from exc
+            raise CheckpointMismatchError(path, f"{INDEX} is unreadable: {exc!r}"[:500]) from exc
+        outside = [n for n in names if not _file_of(n)]
+        if outside:
+            raise CheckpointMismatchError(
+                path, f"{INDEX} names {str(outside[0])[:200]!r}, not a file of the checkpoint "
+                      "directory (a shard is a plain file name inside it)")
         missing = [n for n in names if not os.path.isfile(os.path.join(path, n))]
         if missing:
             raise CheckpointMismatchError(path, f"{INDEX} lists missing shards {missing}")
@@ -93,6 +98,14 @@ def weight_files(path: str) -> list[str]:
     if not names:
         raise CheckpointMismatchError(path, "has no .safetensors weight files")
     return [os.path.join(path, n) for n in names]
+
+
+def _file_of(name: object) -> bool:
+    """Whether ``name`` (from an index's ``weight_map``) is a plain file name of checkpoint
+    ``path``'s own directory: no directory part, no ``..``, no absolute path."""
+    if not isinstance(name, str) or name in ("", ".", "..") or "\0" in name:
+        return False
+    return os.path.basename(name) == name and not (os.altsep and os.altsep in name)
 
 
 def read_tensor_infos(path: str) -> dict[str, TensorInfo]:

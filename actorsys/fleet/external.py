@@ -2,9 +2,13 @@
 
 Attached (``url=``: it runs anyway; never started or stopped here) or launched (``launch=``:
 an argv in which ``{port}`` is replaced by a free port of 127.0.0.1, every ``--host`` by
-127.0.0.1; stopped by ``stop``). A launched server requires a key (``api_key``, the argv's
-own ``--api-key``, or a random one), handed over in its environment (``ACTORSYS_API_KEY``
-for the embedded engine, ``VLLM_API_KEY`` for vLLM), which other users cannot read.
+127.0.0.1; stopped by ``stop``). A launched server binds that port itself, so nothing is sent
+to it, ``/health`` included, before the listener on the port is proven to be held by the
+server's own process group (``_port.owns_port``): a local user who took the port first gets
+no request and no key, and the server, unable to bind, exits. A launched server requires a
+key (``api_key``, the argv's own ``--api-key``, taken out of the argv and its repr, or a
+random one), handed over in its environment (``ACTORSYS_API_KEY`` for the embedded engine,
+``VLLM_API_KEY`` for vLLM), which other users cannot read.
 Either way it is a :class:`~actorsys.Fleet` of one engine, the client of its flavor, and is
 pinned like every fleet, through :meth:`Fleet.pin_and_verify`::
 
@@ -30,6 +34,7 @@ import trio
 
 from actorsys._errors import ConfigError
 from actorsys.fleet._http import check_url
+from actorsys.fleet._port import until_owned
 from actorsys.fleet._process import ManagedProcess, spawn
 from actorsys.fleet.embedded import API_KEY_ENV as ENGINE_API_KEY_ENV
 from actorsys.fleet.engine import Engine, Fleet
@@ -91,7 +96,11 @@ class ExternalServer:
             raise ConfigError(f"{owner}(flavor)", f"expected one of {', '.join(FLAVORS)}, "
                               f"got {flavor!r}")
         self.url = url
-        self.launch = list(launch) if launch is not None else None
+        argv_key = _argv_key(launch) if launch is not None else None
+        self._argv_key = argv_key
+        """A key the user wrote into ``launch`` (``--api-key KEY``): kept out of ``launch``
+        and the repr, handed to the server in its environment (see :meth:`_start`)."""
+        self.launch = _without_key(launch) if launch is not None else None
         self.flavor: Flavor = flavor
         self.make_engine = make_engine
         self.ready_timeout = ready_timeout
@@ -108,6 +117,7 @@ class ExternalServer:
         self.process: ManagedProcess | None = None
         self.log_path: str | None = None
         self._fleet: Fleet | None = None
+        self._port: int | None = None
         self._ready_deadline: float | None = None
         self._threads = ThreadTracker()
         self._files = trio.CapacityLimiter(1)
@@ -134,6 +144,13 @@ class ExternalServer:
         assert self.url is not None
         url = self.url
         with trio.move_on_at(self._ready_deadline):
+            process = self.process
+            if process is not None and self._port is not None:
+                # The launched server binds a port we picked: until its own process group is
+                # proven to hold the listener there, nothing (not even /health, which sends
+                # the key) goes to whoever else may have taken the port first.
+                if not await until_owned(process, self._port):
+                    raise self._died(process)
             await _until_ok(lambda: self.make_engine("sglang", url).health())
             self._fleet = Fleet([await _until_ok(self.detect)])
             return self._fleet
@@ -202,8 +219,15 @@ class ExternalServer:
         assert self.launch is not None
         port = free_port()
         argv = on_host([arg.replace("{port}", str(port)) for arg in self.launch], "127.0.0.1")
-        self.api_key = self.api_key or _argv_key(self.launch) or new_api_key()
+        self.api_key = self.api_key or self._argv_key or new_api_key()
         env = {**os.environ, ENGINE_API_KEY_ENV: self.api_key, VLLM_API_KEY_ENV: self.api_key}
+        if self._argv_key is not None and not (self.launches_vllm or _is_engine(argv)):
+            # Neither vLLM nor the embedded engine: a server that may read its key only from
+            # its command line, where every local user can read it.
+            argv = [*argv, "--api-key", self._argv_key]
+            log.warning("the launched server gets its --api-key on its command line, which "
+                        "every local user can read; vLLM and the embedded engine read it from "
+                        "their environment instead")
         if self.launches_vllm:
             launch = vllm_launch(argv, tied_reload=self.tied_reload)
             argv = launch.argv
@@ -213,6 +237,7 @@ class ExternalServer:
         self.process = spawn("eval-server", argv, log_path=self.log_path, env=env,
                              grace=self.grace)
         self.url = f"http://127.0.0.1:{port}"
+        self._port = port
         log.info("launched the server %s at %s (log %s)", argv[0], self.url, self.log_path)
 
     async def _in_thread(self, fn: Callable[[], T], description: str) -> T:
@@ -249,6 +274,25 @@ def _argv_key(argv: Sequence[str]) -> str | None:
         if arg == "--api-key" and index + 1 < len(argv):
             return argv[index + 1]
     return None
+
+
+def _without_key(argv: Sequence[str]) -> list[str]:
+    """``argv`` without ``--api-key KEY`` / ``--api-key=KEY``."""
+    kept: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--api-key":
+            skip = True
+        elif not arg.startswith("--api-key="):
+            kept.append(arg)
+    return kept
+
+
+def _is_engine(argv: Sequence[str]) -> bool:
+    """Whether ``argv`` runs the embedded engine (which reads ``ACTORSYS_API_KEY``)."""
+    return any(a == "actorsys" and b == "engine" for a, b in zip(argv, argv[1:], strict=False))
 
 
 def _new_log() -> str:

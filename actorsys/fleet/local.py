@@ -6,12 +6,21 @@ Example::
         async with EvalSupervisor.open(config, eval_fn=MyEval(), fleet=local.fleet) as sup:
             ...
 
-Each engine gets a free port and a log file, and is up once ``GET /health`` answers 200. The
+Each engine gets a port and a log file, and is up once ``GET /health`` answers 200. The
 fleet makes a random key (``api_key``), hands it to every engine through its environment and
 gives it to their clients: an engine answers nothing but ``/health`` without it.
 Every process runs under a reaper in its own process group (see ``_process``), so leaving the
 block, a cancellation, or the owner's crash stops them all: SIGTERM, then SIGKILL after
 ``grace`` seconds.
+
+No other local user can take an engine's port and with it the key (see ``_port``): the fleet
+binds each engine's listening socket itself, on a port the kernel picks, and the engine serves
+that socket (``EngineSpec.listen``); the fleet keeps its copy open until it closes, so the port
+is never free, not even while the engine restarts (connections wait in the backlog). The
+router, which binds its own ports (sglang-router serves no inherited socket), gets no request,
+``/health`` included, before the socket that listens on its port is proven to be held by the
+router's own processes; should it exit, its port is free again, so the fleet forgets it and
+sends its requests to the engines directly.
 
 Engines are supervised like the pipeline's actors: one that exits is started again on its
 port (its client stays valid), at most ``max_restarts`` times within ``restart_period``
@@ -27,6 +36,7 @@ import os
 import secrets
 import shutil
 import socket
+import struct
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -37,13 +47,20 @@ import httpx
 import trio
 
 from actorsys._errors import ActorsysError, ConfigError
+from actorsys.fleet._port import held_listener, until_owned
 from actorsys.fleet._process import ManagedProcess, spawn
 from actorsys.fleet._tls import ssl_context
 from actorsys.fleet.embedded import API_KEY_ENV as ENGINE_API_KEY_ENV
 from actorsys.fleet.engine import Engine, Fleet
 from actorsys.fleet.sglang import SGLangEngine
 from actorsys.fleet.vllm import RELOAD, TIED_RELOAD, VLLMEngine
-from actorsys.fleet.vllm_launch import VLLMLaunch, vllm_command, vllm_launch
+from actorsys.fleet.vllm_launch import (
+    VLLM_INHERITED_MODULE,
+    VLLM_SERVER_MODULE,
+    VLLMLaunch,
+    vllm_command,
+    vllm_launch,
+)
 from actorsys.fleet.vllm_worker.actorsys_api_key import KEY_ENV as VLLM_API_KEY_ENV
 from actorsys.runtime import RestartIntensity
 
@@ -76,6 +93,11 @@ class EngineSpec:
     takes none). The fleet that starts it sets it to the fleet's key (the environment, unlike
     the command line, is hidden from other users) and builds the client as
     ``client(url, name, key)``; without one, as ``client(url, name)``.
+
+    ``listen(argv, fd)``: ``argv`` changed to serve the listening socket it inherits at
+    descriptor ``fd`` (bound by the fleet to 127.0.0.1 and ``argv``'s port) instead of binding
+    one (None: the server binds its own port, and the fleet proves the listener is the
+    server's before it sends anything there).
     """
 
     kind: str
@@ -83,6 +105,7 @@ class EngineSpec:
     client: Callable[..., Engine]
     env: Mapping[str, str] = field(default_factory=dict)
     api_key_env: str | None = None
+    listen: Callable[[list[str], int], list[str]] | None = None
 
     def environment(self, api_key: str | None) -> dict[str, str]:
         """The engine's whole environment: this process's, ``env``, and its key."""
@@ -111,6 +134,7 @@ def embedded(model_dir: str, *, extra_args: Sequence[str] = (), threads: int = 1
         ],
         client=lambda url, name, key: SGLangEngine(url, name=name, api_key=key),
         api_key_env=ENGINE_API_KEY_ENV,
+        listen=lambda argv, fd: [*argv, "--listen-fd", str(fd)],
     )
 
 
@@ -155,7 +179,15 @@ def vllm(
         ),
         env=launch(0).env,
         api_key_env=VLLM_API_KEY_ENV,
+        listen=serve_inherited,
     )
+
+
+def serve_inherited(argv: list[str], fd: int) -> list[str]:
+    """A vLLM server command (from :func:`vllm_command`) that serves the listening socket at
+    descriptor ``fd`` through ``actorsys_vllm_serve`` (in ``vllm_worker``) instead of binding."""
+    module = argv.index(VLLM_SERVER_MODULE)
+    return [*argv[:module], VLLM_INHERITED_MODULE, "--listen-fd", str(fd), *argv[module + 1 :]]
 
 
 @dataclass
@@ -171,6 +203,11 @@ class LocalEngine:
     client: Engine
     state: str = "running"
     restarts: int = 0
+    listener: socket.socket | None = field(default=None, repr=False)
+    """The listening socket the fleet bound for the engine and holds until it closes (None:
+    the engine binds its own port)."""
+    door: trio.CancelScope | None = field(default=None, repr=False)
+    """While the fleet gave up on the engine: the task that refuses connections to its port."""
     lock: trio.Lock = field(default_factory=trio.Lock, repr=False)
     _changed: trio.Event = field(default_factory=trio.Event, repr=False)
 
@@ -252,7 +289,8 @@ class LocalFleet:
             for index, spec in enumerate(specs):
                 local.engines.append(local._start_engine(f"{spec.kind}-{index}", spec))
             for engine in local.engines:
-                await local._wait_healthy(engine.process, engine.url)
+                await local._wait_healthy(engine.process, engine.url,
+                                          proven=engine.listener is not None)
             if router:
                 await local._start_router()
             local.fleet = Fleet([e.client for e in local.engines], router_url=local.router_url)
@@ -260,6 +298,8 @@ class LocalFleet:
                 local._nursery = nursery
                 for engine in local.engines:
                     nursery.start_soon(local._supervise, engine)
+                if local.router is not None:
+                    nursery.start_soon(local._watch_router, local.router)
                 try:
                     yield local
                 finally:
@@ -274,17 +314,37 @@ class LocalFleet:
     def urls(self) -> list[str]:
         return [engine.url for engine in self.engines]
 
-    def _start_engine(self, name: str, spec: EngineSpec, port: int | None = None) -> LocalEngine:
-        port = free_port() if port is None else port
+    def _start_engine(
+        self, name: str, spec: EngineSpec, port: int | None = None,
+        listener: socket.socket | None = None,
+    ) -> LocalEngine:
+        """Start one engine. With ``spec.listen`` it serves ``listener`` (a new one, bound
+        here, if None); otherwise it binds ``port`` (a free one if None) itself."""
+        fds: list[int] = []
+        if spec.listen is not None:
+            listener = held_listener(port=port or 0) if listener is None else listener
+            port = int(listener.getsockname()[1])
+            command = spec.listen(spec.command(port), listener.fileno())
+            fds = [listener.fileno()]
+        else:
+            listener = None
+            port = free_port() if port is None else port
+            command = spec.command(port)
         process = spawn(
             name,
-            spec.command(port),
-            log_path=os.path.join(self.log_dir, f"{name}.log"),
+            command,
+            log_path=self._log_path(f"{name}.log"),
             env=spec.environment(self.api_key),
             grace=self.grace,
+            pass_fds=fds,
         )
         url = f"http://127.0.0.1:{port}"
-        return LocalEngine(name, spec, port, process, spec.make_client(url, name, self.api_key))
+        return LocalEngine(name, spec, port, process, spec.make_client(url, name, self.api_key),
+                           listener=listener)
+
+    def _log_path(self, name: str) -> str:
+        """``name`` in the log directory (``spawn`` opens it without following links)."""
+        return os.path.join(self.log_dir, name)
 
     async def _start_router(self) -> None:
         port, metrics_port = free_port(), free_port()
@@ -298,12 +358,12 @@ class LocalFleet:
         self.router = spawn(
             "router",
             command,
-            log_path=os.path.join(self.log_dir, "router.log"),
+            log_path=self._log_path("router.log"),
             env={**os.environ, ROUTER_KEY_ENV: new_api_key()},
             grace=self.grace,
         )
         self.router_url = f"http://127.0.0.1:{port}"
-        await self._wait_healthy(self.router, self.router_url)
+        await self._wait_healthy(self.router, self.router_url, proven=False)
 
     async def restart(self, index: int, spec: EngineSpec | None = None) -> None:
         """Stop engine ``index`` (if it still runs) and start it again on the same port, with
@@ -313,6 +373,9 @@ class LocalFleet:
         engine = self.engines[index]
         async with engine.lock:
             await engine.process.stop(self.grace)
+            if engine.door is not None:
+                engine.door.cancel()
+                engine.door = None
             if spec is not None:
                 engine.spec = spec
             await self._replace_process(engine)
@@ -321,8 +384,25 @@ class LocalFleet:
             engine.set_state("running")
 
     async def _replace_process(self, engine: LocalEngine) -> None:
-        engine.process = self._start_engine(engine.name, engine.spec, engine.port).process
-        await self._wait_healthy(engine.process, engine.url)
+        if engine.listener is not None and engine.spec.listen is None:
+            engine.listener.close()  # a spec that binds its own port replaced one that did not
+            engine.listener = None
+        started = self._start_engine(engine.name, engine.spec, engine.port, engine.listener)
+        engine.process, engine.listener = started.process, started.listener
+        await self._wait_healthy(engine.process, engine.url, proven=engine.listener is not None)
+
+    async def _watch_router(self, router: ManagedProcess) -> None:
+        """When the router exits, send the fleet's requests to the engines themselves: the
+        router's port is free from then on, and another user could take it (sglang-router
+        binds its own port and cannot serve a socket the fleet holds)."""
+        status = await router.wait()
+        if self._closing:
+            return
+        log.error("the router exited with status %s; the fleet's requests go to its engines "
+                  "directly from now on (its port is not ours any more); log tail:\n%s",
+                  status, router.log_tail(1000))
+        self.router_url = None
+        self.fleet.router_url = None
 
     async def _supervise(self, engine: LocalEngine) -> None:
         """Restart ``engine`` whenever its process exits, within the restart intensity."""
@@ -337,6 +417,8 @@ class LocalFleet:
                     continue
                 if not intensity.allow(trio.current_time()):
                     engine.set_state("gave_up")
+                    if engine.listener is not None and self._nursery is not None:
+                        await self._nursery.start(self._refuse_while_down, engine)
                     log.error(
                         "%s exited with status %s, more than %d restarts within %s s: the fleet "
                         "gives up on it (it stays down); log tail:\n%s",
@@ -356,8 +438,34 @@ class LocalFleet:
                     continue
                 engine.set_state("running")
 
-    async def _wait_healthy(self, process: ManagedProcess, url: str) -> None:
+    async def _refuse_while_down(
+        self, engine: LocalEngine, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Reset every connection to ``engine``'s port until :meth:`restart` (the fleet gave up
+        on it). The fleet keeps the port, so its clients would otherwise wait in the backlog
+        for an engine that is not coming; reset, they fail at once, as on a closed port."""
+        listener = engine.listener
+        assert listener is not None
+        with trio.CancelScope() as door:
+            engine.door = door
+            task_status.started()
+            listener.setblocking(False)
+            while True:
+                await trio.lowlevel.wait_readable(listener)
+                try:
+                    connection, _ = listener.accept()
+                except (BlockingIOError, InterruptedError):
+                    continue
+                connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                connection.close()
+
+    async def _wait_healthy(self, process: ManagedProcess, url: str, *, proven: bool) -> None:
+        """Wait until ``process`` answers ``GET {url}/health`` with 200. Unless ``proven``
+        (it serves a socket the fleet bound), first until the listener on the URL's port is
+        held by the process's own group: nothing goes to a port another process took."""
         with trio.move_on_after(self.startup_timeout):
+            if not proven:
+                await until_owned(process, int(url.rpartition(":")[2]))
             async with httpx.AsyncClient(timeout=5.0, verify=ssl_context()) as client:
                 while process.returncode is None:
                     try:
@@ -387,6 +495,9 @@ class LocalFleet:
                     nursery.start_soon(self.router.stop, self.grace)
                 for engine in self.engines:
                     nursery.start_soon(engine.process.stop, self.grace)
+            for engine in self.engines:
+                if engine.listener is not None:
+                    engine.listener.close()
 
 
 def on_host(argv: Sequence[str], host: str) -> list[str]:
@@ -402,8 +513,9 @@ def on_host(argv: Sequence[str], host: str) -> list[str]:
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now (another process may take it
-    before it is used; a clash shows up as an engine that exits at start)."""
+    """A TCP port on 127.0.0.1 that nothing listens on now. Another process may take it
+    before it is used: a server started on it must be proven to hold it
+    (:func:`actorsys.fleet._port.owns_port`) before anything is sent there."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])

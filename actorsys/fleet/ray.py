@@ -42,6 +42,7 @@ import sniffio
 import trio
 
 from actorsys._errors import ConfigError
+from actorsys.fleet._port import held_listener, owns_port
 from actorsys.fleet._process import ManagedProcess, spawn
 from actorsys.fleet.engine import Engine, EngineUnhealthyError, Fleet
 from actorsys.fleet.flags import fleet_flags_from_args
@@ -132,21 +133,31 @@ class EngineServer:
             raise ConfigError("RayFleet", f"a {spec.kind} engine reachable from other nodes "
                               "needs a key, and this one takes none")
         host = ray.util.get_node_ip_address()
-        port = free_port()
+        # As in a local fleet (see ``_port``): the server serves a socket bound here, so its
+        # port is never free for another user of the node to take; one that binds its own
+        # is proven to hold it before anything is sent there.
+        self._listener = held_listener(host) if spec.listen is not None else None
+        port = free_port() if self._listener is None else int(self._listener.getsockname()[1])
+        command = on_host(spec.command(port), host)
+        if self._listener is not None and spec.listen is not None:
+            command = spec.listen(command, self._listener.fileno())
+        self._port = port
         self._log_dir = tempfile.mkdtemp(prefix="actorsys-ray-engine-")
         self._url = f"http://{host}:{port}"
         self._process: ManagedProcess = spawn(
             name,
-            on_host(spec.command(port), host),
+            command,
             log_path=os.path.join(self._log_dir, f"{name}.log"),
             env=spec.environment(api_key),
             grace=grace,
+            pass_fds=[] if self._listener is None else [self._listener.fileno()],
         )
         self._wait_healthy(startup_timeout)
         threading.Thread(target=self._exit_with_server, name="engine-watch", daemon=True).start()
 
     def _wait_healthy(self, startup_timeout: float) -> None:
         deadline = time.monotonic() + startup_timeout
+        proven = self._listener is not None
         with httpx.Client(timeout=5.0) as client:
             while time.monotonic() < deadline:
                 if self._process.returncode is not None:
@@ -154,6 +165,11 @@ class EngineServer:
                         f"engine server exited with status {self._process.returncode} before "
                         f"it was healthy; log tail:\n{self._process.log_tail()}"
                     )
+                if not proven:
+                    proven = owns_port(self._process.pgid, self._port)
+                    if not proven:
+                        time.sleep(HEALTH_POLL_INTERVAL)
+                        continue
                 try:
                     if client.get(f"{self._url}/health").status_code == 200:
                         return
@@ -312,7 +328,12 @@ class RayFleet:
         )
         names = [f"ray-{engine}-{index}" for index in range(num_engines)]
         key = new_api_key()
-        actors = [actor_class.remote(name, spec, startup_timeout, grace, key) for name in names]
+        # The key travels as a reference to an object of this driver, never as an argument
+        # value: an actor's creation arguments are kept in Ray's control store (for its
+        # restarts) and shown by its tools; the reference is resolved into the actor only.
+        key_ref = ray.put(key)
+        actors = [actor_class.remote(name, spec, startup_timeout, grace, key_ref)
+                  for name in names]
         try:
             await _all_answer([actor.url.remote() for actor in actors])
             engines = [RayEngine(a, n, spec, key) for a, n in zip(actors, names, strict=True)]

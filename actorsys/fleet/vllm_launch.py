@@ -19,6 +19,9 @@ from dataclasses import dataclass
 
 from actorsys.fleet.vllm_worker import API_KEY_MIDDLEWARE, EXTENSION_CLASS, WORKER_DIR
 
+VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+VLLM_INHERITED_MODULE = "actorsys_vllm_serve"
+"""The same server on a listening socket it inherits (``vllm_worker/actorsys_vllm_serve.py``)."""
 EXTENSION_FLAG = "--worker-extension-cls"
 MIDDLEWARE_FLAG = "--middleware"
 
@@ -65,7 +68,7 @@ def vllm_command(
     """The command of a vLLM OpenAI server on the CPU serving ``model_dir`` on
     ``127.0.0.1:port``, from the venv of ``python`` (before :func:`vllm_launch`)."""
     return [
-        python, "-m", "vllm.entrypoints.openai.api_server",
+        python, "-m", VLLM_SERVER_MODULE,
         "--model", model_dir, "--host", "127.0.0.1", "--port", str(port),
         "--dtype", "float32", "--max-model-len", str(max_model_len), "--enforce-eager",
         "--kv-cache-memory-bytes", str(kv_cache_bytes), *extra_args,

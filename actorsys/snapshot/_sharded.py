@@ -348,11 +348,24 @@ def write_pieces(
     sharding = weights.sharding
     assert sharding is not None
     for filename, names in starts.items():
+        unknown = [n for n in names if n not in sharding.pieces]
+        if unknown:
+            raise ValueError(f"{filename}: no tensor {unknown[0][:80]!r} in this model")
         mine = [n for n in names if sharding.pieces[n].writes(evaluating=evaluating)]
         if not mine:
             continue
-        fd = os.open(os.path.join(directory, filename), os.O_WRONLY)
+        fd = os.open(os.path.join(directory, filename), os.O_WRONLY | os.O_NOFOLLOW)
         try:
+            size = os.fstat(fd).st_size
+            for name in mine:
+                piece = sharding.pieces[name]
+                end = names[name] + max(
+                    ((first + count) * piece.dtype.itemsize for first, count in piece.runs()),
+                    default=0,
+                )
+                if names[name] < 0 or end > size:
+                    raise ValueError(f"{filename}: the range of {name} ({names[name]}..{end}) "
+                                     f"is not inside the file ({size} bytes)")
             for name in mine:
                 _write_piece(fd, names[name], sharding.pieces[name], weights.tensors[name], check)
             check()

@@ -27,6 +27,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from actorsys._files import open_private
+
 log = logging.getLogger("actorsys.watch")
 
 Key = tuple[str, str, str]
@@ -92,7 +94,7 @@ class Ledger:
         data = "".join(lines)
         if self._needs_newline:
             data = "\n" + data
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = open_private(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         try:
             os.write(fd, data.encode())
             os.fsync(fd)
@@ -102,7 +104,7 @@ class Ledger:
 
     def _load(self) -> None:
         try:
-            with open(self.path, "rb") as f:
+            with os.fdopen(open_private(self.path, os.O_RDONLY), "rb") as f:
                 data = f.read()
         except FileNotFoundError:
             return

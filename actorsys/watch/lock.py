@@ -2,7 +2,9 @@
 
 The lock is the kernel's (``fcntl.flock`` on an open file), so it is released when its holder
 exits however it exits, and a stale file from a killed watch locks nothing. The holder writes
-its pid into the file, for the message a second watch prints.
+its pid into the file, for the message a second watch prints. The file is opened without
+following links (``_files.open_private``): a link planted as ``OUT/.lock`` is refused, never
+truncated through.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import fcntl
 import os
 
 from actorsys._errors import WatchOutInUseError
+from actorsys._files import open_private
 
 LOCK_NAME = ".lock"
 
@@ -25,7 +28,7 @@ class OutLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_private(self.path, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -27,8 +27,10 @@ from actorsys.staging import COMPLETE, WEIGHT_SUFFIXES
 
 log = logging.getLogger("actorsys.watch")
 
-STEP_SUFFIX = re.compile(r"(\d+)$")
-TRAINER_CHECKPOINT = re.compile(r"checkpoint-\d+$")
+STEP_SUFFIX = re.compile(r"([0-9]+)\Z")
+"""ASCII digits at the very end: a ``\\d`` would take other scripts' digits (``step_٥``), and
+a ``$`` a trailing newline, as step 5."""
+TRAINER_CHECKPOINT = re.compile(r"checkpoint-[0-9]+\Z")
 TRAINER_STATE = "trainer_state.json"
 """transformers' ``Trainer._save_checkpoint`` writes it last into ``checkpoint-N``: after the
 model, the optimizer and scheduler, the scaler and the RNG state (transformers 5.24)."""

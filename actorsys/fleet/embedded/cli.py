@@ -6,8 +6,10 @@ SIGTERM ends it within about a second (it holds nothing that needs saving).
 With ``--api-key KEY`` (or the environment's ``ACTORSYS_API_KEY``, which other users cannot
 read the way they can read a command line) every route but ``/health`` needs
 ``Authorization: Bearer KEY``. It listens on 127.0.0.1 unless ``--host`` says otherwise, and
-another address needs a key. ``--model`` must be a local checkpoint directory: nothing is
-fetched from a hub.
+another address needs a key. ``--listen-fd FD`` serves a listening socket inherited from the
+process that started the engine (bound to ``--host``/``--port`` there, so the port is never
+free for another user to take) instead of binding one. ``--model`` must be a local checkpoint
+directory: nothing is fetched from a hub.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from hypercorn.asyncio import serve
 from hypercorn.config import Config
 
 from actorsys._flags import EXIT_USAGE, int_at_least
+from actorsys.fleet._port import inherited_listener
 from actorsys.fleet.embedded import API_KEY_ENV
 from actorsys.fleet.embedded.model import ModelHost
 from actorsys.fleet.embedded.server import MAX_BODY_BYTES, EmbeddedEngine
@@ -67,6 +70,10 @@ def add_engine_command(subparsers: argparse._SubParsersAction[argparse.ArgumentP
                         help="address to bind (default 127.0.0.1; another one needs a key)")
     parser.add_argument("--port", type=port_number, required=True,
                         help="port to bind (0: any free one)")
+    parser.add_argument("--listen-fd", type=int_at_least(0), default=None, metavar="FD",
+                        help="serve the listening socket inherited at descriptor FD (bound to "
+                             "--host:--port by whoever started the engine, so the port is "
+                             "never free for another process to take) instead of binding")
     parser.add_argument("--api-key", default=None, metavar="KEY",
                         help=f"require 'Authorization: Bearer KEY' on every route but /health "
                              f"(default: ${API_KEY_ENV}; prefer it, a command line is visible "
@@ -109,11 +116,22 @@ def run_engine(args: argparse.Namespace) -> int:
     if api_key is None and not _is_loopback(args.host):
         return _usage(f"argument --host: {args.host} is reachable from other hosts; pass "
                       f"--api-key (or set {API_KEY_ENV}), or bind 127.0.0.1")
-    try:
-        sock = listening_socket(args.host, args.port)
-    except OSError as exc:
-        return _usage(f"argument --port: cannot listen on {args.host}:{args.port}: "
-                      f"{exc.strerror or exc}")
+    if args.listen_fd is not None:
+        try:
+            sock = inherited_listener(args.listen_fd)
+        except OSError as exc:
+            return _usage(f"argument --listen-fd: {exc.strerror or exc}")
+        bound = sock.getsockname()[:2]
+        if bound[1] != args.port or not _same_host(bound[0], args.host):
+            sock.close()
+            return _usage(f"argument --listen-fd: descriptor {args.listen_fd} listens on "
+                          f"{bound[0]}:{bound[1]}, not on {args.host}:{args.port}")
+    else:
+        try:
+            sock = listening_socket(args.host, args.port)
+        except OSError as exc:
+            return _usage(f"argument --port: cannot listen on {args.host}:{args.port}: "
+                          f"{exc.strerror or exc}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -200,6 +218,15 @@ async def serve_engine(
         await serve(app, config, shutdown_trigger=stop.wait)
         engine.close()
     log.info("actorsys engine at %s stopped", url)
+
+
+def _same_host(bound: str, host: str) -> bool:
+    if host == "localhost":
+        return _is_loopback(bound)
+    try:
+        return ipaddress.ip_address(bound) == ipaddress.ip_address(host)
+    except ValueError:
+        return False
 
 
 def _is_loopback(host: str) -> bool:
