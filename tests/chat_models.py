@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import GenerationConfig, LlamaConfig, PreTrainedTokenizerFast
@@ -138,3 +139,23 @@ def make_chat_model(directory: str | os.PathLike[str], *, seed: int = 0) -> Path
     model.save_pretrained(path)
     (path / ".complete").write_bytes(b"")
     return path
+
+
+def greedy_chat(
+    model_dir: str | os.PathLike[str], messages: list[dict[str, Any]], max_new_tokens: int
+) -> str:
+    """transformers' greedy answer to ``messages`` rendered by the snapshot's template (special
+    tokens skipped, as a chat answer without tools is decoded)."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from actorsys.fleet.model_load import load_causal_lm
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = load_causal_lm(model_dir, dtype=torch.float32).eval()
+    rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
+    prompt = rendered["input_ids"]
+    with torch.inference_mode():
+        out = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                             max_new_tokens=max_new_tokens)
+    return str(tokenizer.decode(out[0, prompt.shape[1]:], skip_special_tokens=True))
