@@ -21,6 +21,10 @@ from tests.chat_models import greedy_chat
 from tests.evals.chat_engine import ChatEngine, chat_engine
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+# Imported while the module is collected: a first import deep in a test's stack, after other
+# tests left garbage to collect, can hit CPython 3.11's "AST constructor recursion depth
+# mismatch" in pydantic's docstring parsing (a finalizer running inside ast.parse).
+pytest.importorskip("inspect_ai")
 
 MAX_TOKENS = 6
 QUESTIONS = ["what is 12 * 7?", "what is two plus two?"]

@@ -23,6 +23,7 @@ from actorsys import (
     RolloutFnEvalOutput,
 )
 from actorsys.evals import OpenAIEvalFn
+from actorsys.fleet import StaleWeightsError
 from tests.chat_models import greedy_chat
 from tests.evals.chat_engine import ChatEngine, chat_engine
 
@@ -168,3 +169,37 @@ async def test_a_client_that_never_returns_is_cut_at_eval_timeout_and_its_door_i
     with trio.fail_after(10):
         while fn.statistics()["loops"]:  # noqa: ASYNC110 - a thread's end signals nothing else
             await trio.sleep(0.05)
+
+
+class Retries(OpenAIEvalFn):
+    """Keeps asking while the door answers errors (the first stale answer ends the
+    evaluation, before or after the client sees the door's 502)."""
+
+    max_retries = 0
+
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+
+    async def evaluate_with_client(
+        self, client: Any, model: str, input: RolloutFnEvalInput  # noqa: A002
+    ) -> RolloutFnEvalOutput:
+        import openai
+
+        while True:
+            try:
+                await client.chat.completions.create(model=model, messages=TURN_1, max_tokens=1)
+            except openai.APIError as exc:
+                self.errors.append(type(exc).__name__)
+            await asyncio.sleep(0.01)
+
+
+async def test_a_chat_answer_from_other_weights_than_the_pinned_ones_is_a_pin_violation(
+    served: ChatEngine,
+) -> None:
+    fleet = served.fleet()
+    fleet.version = "7"  # what a pin would have set; the engine serves another version
+    fn = Retries()
+    with trio.fail_after(60), pytest.raises(StaleWeightsError) as raised:
+        await fn.evaluate_checkpoint(str(served.base), RolloutFnEvalInput(7, "7", str(served.base), fleet))
+    assert raised.value.reason == "pin_violation"
+    assert raised.value.expected == "7" and raised.value.actual != "7"

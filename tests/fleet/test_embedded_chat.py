@@ -217,6 +217,7 @@ BAD_BODIES: list[tuple[Any, str]] = [
     ({"messages": "hello"}, "messages"),
     ({"messages": [{"content": "hi"}]}, "messages"),
     ({"messages": [{"role": "user", "content": 3}]}, "messages"),
+    ({"messages": [{"role": "user", "content": "what is 12 * 7? " * 300}]}, "messages"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
      "messages[0].content"),
     ({"messages": [{"role": "assistant", "content": None, "tool_calls": [5]}]},
@@ -272,3 +273,40 @@ async def test_a_snapshot_without_a_chat_template_is_refused_naming_messages(
     assert response.status_code == 400
     assert response.json()["error"]["message"].startswith("messages: ")
     assert "no chat template" in response.json()["error"]["message"]
+
+
+FIELDS = ["messages", "tools", "tool_choice", "n", "temperature", "top_p", "max_tokens",
+          "max_completion_tokens", "stop", "seed", "stream", "logprobs", "chat_template_kwargs",
+          "parallel_tool_calls", "add_generation_prompt", "ignore_eos", "model"]
+VALUES: list[Any] = [None, True, False, 0, -1, 1, 3, 2.5, 1e-300, 2**70, "x", "", "auto", "none",
+                     [], {}, [1], ["a", 2], {"a": 1}, [{"role": "user", "content": "hi"}],
+                     [{"role": "user"}], [{"role": "user", "content": [{"type": "text"}]}],
+                     [{"role": "assistant", "content": None, "tool_calls": [{"function": "f"}]}],
+                     [{"role": "tool", "content": "3"}], [CALCULATOR], [{"function": {"name": 1}}],
+                     [{"role": "assistant", "content": "x", "tool_calls": [{"function": {
+                         "name": "f", "arguments": "{not json"}}]}]]
+
+
+async def test_random_bodies_are_answered_200_or_400_with_a_field_and_the_engine_stays_up(
+    client: httpx.AsyncClient,
+) -> None:
+    import random
+
+    rng = random.Random(0)
+    statuses = set()
+    for _ in range(150):
+        body = {name: rng.choice(VALUES) for name in rng.sample(FIELDS, rng.randint(1, 6))}
+        if rng.random() < 0.5:
+            body.setdefault("messages", [{"role": "user", "content": "hi"}])
+        if body.get("max_tokens") is None or rng.random() < 0.7:
+            body["max_tokens"] = rng.choice([0, 1, 2])  # never the default: the whole context
+        response = await client.post("/v1/chat/completions", json=body)
+        statuses.add(response.status_code)
+        assert response.status_code in (200, 400), (body, response.text)
+        if response.status_code == 400:
+            message = response.json()["error"]["message"]
+            assert message.split(":")[0].split("[")[0].split(".")[0] in FIELDS, (body, message)
+        else:
+            assert response.json()["choices"][0]["message"]["role"] == "assistant"
+    assert statuses == {200, 400}
+    assert (await client.get("/health")).status_code == 200

@@ -152,6 +152,11 @@ def chat_call(body: dict[str, Any], host: ChatHost, templates: ChatTemplates) ->
     except (ChatTemplateMissingError, ValueError) as exc:
         raise BadRequest(f"messages: {exc}") from None
     ids = list(rendered.token_ids)
+    if len(ids) >= host.max_positions:
+        raise BadRequest(
+            f"messages: the rendered prompt ({len(ids)} tokens) fills the model's "
+            f"{host.max_positions} positions"
+        )
     max_field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = body.get(max_field)
     if max_tokens is None:
