@@ -7,10 +7,7 @@ what it gets from vLLM serving the same snapshot, or an evaluation scores someth
 - the conversation (and ``tools``, ``chat_template_kwargs``) is rendered by
   :func:`~actorsys.fleet.chat_template.render_chat` with the tokenizer of the snapshot being
   served, and generated from the rendered **token ids** as they are (the template's BOS once);
-- messages are first normalised as vLLM does: text parts joined by newlines, an assistant's
-  ``tool_calls`` arguments parsed from their JSON string into the object templates expect (a
-  malformed or non-object one becomes ``{}``, so one bad turn does not break the rest of a
-  conversation), empty ``tool_calls`` dropped;
+- messages are first normalised as vLLM does (:mod:`actorsys.fleet.embedded.chat_messages`);
 - with ``tools`` and ``tool_choice`` ``"auto"`` (the default), the answer is decoded with its
   special tokens (as vLLM's ``hermes`` parser asks) and its Hermes tool calls become
   ``tool_calls`` with ``finish_reason`` ``"tool_calls"``; ``parallel_tool_calls: false`` keeps
@@ -23,21 +20,15 @@ bad request is a 400 naming the field and never fails the batch it would have jo
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from actorsys.fleet.chat_template import (
-    ChatTemplateMissingError,
-    check_messages,
-    check_tools,
-    load_tokenizer,
-    render_chat,
-)
+from actorsys.fleet.chat_template import ChatTemplateMissingError, load_tokenizer, render_chat
+from actorsys.fleet.embedded.chat_messages import chat_messages, chat_tools
 from actorsys.fleet.embedded.hermes import parse_tool_calls
 from actorsys.fleet.embedded.model import GenerationRequest, GenerationResult, stop_index
 from actorsys.fleet.embedded.requests import (
@@ -117,8 +108,8 @@ def chat_call(body: dict[str, Any], host: ChatHost, templates: ChatTemplates) ->
             raise BadRequest(f"{name}: not supported by the embedded engine (0 or null only)")
     if body.get("logit_bias"):
         raise BadRequest("logit_bias: not supported by the embedded engine")
-    messages = _messages(body.get("messages"))
-    tools = _tools(body.get("tools"))
+    messages = chat_messages(body.get("messages"))
+    tools = chat_tools(body.get("tools"))
     tool_choice = body.get("tool_choice")
     if tool_choice is not None and tool_choice not in TOOL_CHOICES:
         raise BadRequest(
@@ -244,93 +235,6 @@ def _choice(
             }
             finish_reason = "tool_calls"
     return {"index": index, "message": message, "logprobs": None, "finish_reason": finish_reason}
-
-
-def _messages(value: Any) -> list[dict[str, Any]]:
-    """The conversation, checked and normalised as vLLM normalises it (see the module)."""
-    problem = check_messages(value)
-    if problem is not None:
-        raise BadRequest(f"messages: {problem}")
-    messages = []
-    for index, message in enumerate(value):
-        message = dict(message)
-        content = message.get("content")
-        if isinstance(content, list):
-            message["content"] = _text_parts(content, index)
-        elif isinstance(content, str) and not is_utf8(content):
-            raise BadRequest(f"messages[{index}].content: the text is not valid Unicode")
-        if message["role"] == "assistant" and "tool_calls" in message:
-            _assistant_tool_calls(message, index)
-        messages.append(message)
-    return messages
-
-
-def _text_parts(parts: list[Any], index: int) -> str:
-    texts = []
-    for part in parts:
-        if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(
-            part.get("text"), str
-        ):
-            raise BadRequest(
-                f"messages[{index}].content: only text parts ({{'type': 'text', 'text': ...}}) "
-                "are supported by the embedded engine"
-            )
-        if not is_utf8(part["text"]):
-            raise BadRequest(f"messages[{index}].content: the text is not valid Unicode")
-        texts.append(part["text"])
-    return "\n".join(texts)
-
-
-def _assistant_tool_calls(message: dict[str, Any], index: int) -> None:
-    calls = message.get("tool_calls")
-    if calls is None:
-        return
-    if not isinstance(calls, list):
-        raise BadRequest(f"messages[{index}].tool_calls: expected a list of tool calls")
-    if not calls:
-        message.pop("tool_calls")
-        return
-    normalised = []
-    for position, item in enumerate(calls):
-        field = f"messages[{index}].tool_calls[{position}]"
-        if not isinstance(item, Mapping):
-            raise BadRequest(f"{field}: expected an object")
-        function = item.get("function")
-        if item.get("type", "function") != "function" or not isinstance(function, Mapping):
-            raise BadRequest(f"{field}: only tool calls of type 'function' are supported")
-        function = dict(function)
-        function["arguments"] = _arguments(function.get("arguments"))
-        normalised.append({**item, "function": function})
-    message["tool_calls"] = normalised
-
-
-def _arguments(value: Any) -> Any:
-    if not value:
-        return {}
-    if isinstance(value, dict):
-        return value
-    parsed = value
-    if isinstance(value, str):
-        try:
-            parsed = json.loads(value)
-        except (ValueError, RecursionError):
-            parsed = None
-    return parsed if isinstance(parsed, dict) else {}
-
-
-def _tools(value: Any) -> list[dict[str, Any]] | None:
-    problem = check_tools(value)
-    if problem is not None:
-        raise BadRequest(f"tools: {problem}")
-    if not value:
-        return None
-    for index, tool in enumerate(value):
-        function = tool.get("function")
-        if tool.get("type", "function") != "function" or not isinstance(function, Mapping):
-            raise BadRequest(f"tools[{index}]: expected {{'type': 'function', 'function': {{...}}}}")
-        if not isinstance(function.get("name"), str) or not function["name"]:
-            raise BadRequest(f"tools[{index}].function.name: expected a non-empty string")
-    return [dict(tool) for tool in value]
 
 
 def _seeds(seed: Any, n: int) -> list[Any]:
