@@ -22,14 +22,12 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import httpx
 import trio
 
 from actorsys._errors import ConfigError
 from actorsys.contracts import CheckpointEvalFn, EvalSkip, RolloutFnEvalInput, RolloutFnEvalOutput
-from actorsys.evals._gate import RequestGate
-from actorsys.fleet._tls import ssl_context
-from actorsys.fleet.completions import served_model
+from actorsys.evals._door import FleetDoor
+from actorsys.fleet.completions import StaleWeightsError
 from actorsys.runtime import ThreadTracker, run_blocking
 
 LENGTH_FIELDS = ("n_positions", "max_position_embeddings", "n_ctx")
@@ -105,18 +103,10 @@ class LmEvalTasks(CheckpointEvalFn):
         """Score the tasks on ``input.fleet`` (pinned to ``checkpoint_dir``). Blocks on lm-eval
         in a worker thread; raises :class:`~actorsys.EvalSkip` ``pin_violation`` if an engine
         answered with other weights, ``unhealthy`` if the fleet failed lm-eval's requests."""
-        upstreams = _upstreams(input.fleet)
+        door = FleetDoor(input.fleet, checkpoint_dir, who="LmEvalTasks")
         _require_tokenizer(checkpoint_dir)
-        api_key = getattr(input.fleet, "api_key", None)
-        gate = RequestGate(
-            upstreams, expected_version=getattr(input.fleet, "version", None), api_key=api_key
-        )
-        results: Any = None
-        error: Exception | None = None
-        async with trio.open_nursery() as nursery:
-            gate.cancel_on_failure(nursery.cancel_scope)
-            url = await nursery.start(gate.serve)
-            model = await _served_model(upstreams[0], api_key) or checkpoint_dir
+
+        async def work(url: str, model: str) -> Any:
             model_args = {
                 "base_url": f"{url}/v1/completions",
                 "model": model,
@@ -127,27 +117,28 @@ class LmEvalTasks(CheckpointEvalFn):
                 "timeout": self.request_timeout,
                 "max_length": _max_length(checkpoint_dir),
             }
-            try:
-                results = await run_blocking(
-                    lambda: self._simple_evaluate(model_args),
-                    abandon_on_cancel=True,
-                    limiter=self._limiter,
-                    description=f"lm-eval of step {input.rollout_id}",
-                    tracker=self._tracker,
-                    # lm-eval waits on requests the gate serves in trio, whose timeouts are
-                    # trio's: virtual time must pass while it runs.
-                    hold_clock=False,
+            return await run_blocking(
+                lambda: self._simple_evaluate(model_args),
+                abandon_on_cancel=True,
+                limiter=self._limiter,
+                description=f"lm-eval of step {input.rollout_id}",
+                tracker=self._tracker,
+                # lm-eval waits on requests the gate serves in trio, whose timeouts are
+                # trio's: virtual time must pass while it runs.
+                hold_clock=False,
+            )
+
+        try:
+            results = await door.run(work)
+        except StaleWeightsError:
+            raise
+        except Exception as error:
+            if door.statistics().upstream_errors:
+                detail = (
+                    f"the fleet at {', '.join(door.upstreams)} failed lm-eval's requests: {error!r}"
                 )
-            except Exception as exc:
-                error = exc
-            nursery.cancel_scope.cancel()
-        if gate.failure is not None:
-            raise gate.failure
-        if error is not None and gate.statistics().upstream_errors:
-            detail = f"the fleet at {', '.join(upstreams)} failed lm-eval's requests: {error!r}"
-            raise EvalSkip("unhealthy", detail) from error
-        if error is not None:
-            raise error
+                raise EvalSkip("unhealthy", detail) from error
+            raise
         if results is None:
             raise EvalSkip("crashed", "lm-eval returned no results")
         return output_of(results, log_samples=self.log_samples)
@@ -204,23 +195,6 @@ def output_of(results: Mapping[str, Any], *, log_samples: bool) -> RolloutFnEval
     if log_samples:
         data["samples"] = json.loads(json.dumps(results.get("samples") or {}, default=repr))
     return RolloutFnEvalOutput(data=data, metrics=metrics)
-
-
-def _upstreams(fleet: Any) -> list[str]:
-    if fleet is None:
-        raise ConfigError("fleet", "LmEvalTasks evaluates on the pinned fleet: pass fleet= to EvalSupervisor")
-    router = getattr(fleet, "router_url", None)
-    urls = [router] if router else list(getattr(fleet, "urls", []))
-    if not urls:
-        message = f"{fleet!r} has no router_url and no engine with a url to send requests to"
-        raise ConfigError("fleet", message)
-    return urls
-
-
-async def _served_model(url: str, api_key: str | None) -> str | None:
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    async with httpx.AsyncClient(timeout=10.0, verify=ssl_context(), headers=headers) as client:
-        return await served_model(client, url.rstrip("/"))
 
 
 def _max_length(checkpoint_dir: str) -> int:

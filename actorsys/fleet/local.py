@@ -146,6 +146,7 @@ def vllm(
     kv_cache_bytes: int = 64 * 1024 * 1024,
     extra_args: Sequence[str] = (),
     tied_reload: bool = True,
+    tool_call_parser: str | None = None,
 ) -> EngineSpec:
     """A vLLM OpenAI server on the CPU serving ``model_dir``, from the venv of ``python``
     (``scripts/setup_vllm.sh`` makes ``.venv-vllm``), with the weight-update endpoints on.
@@ -157,14 +158,16 @@ def vllm(
     ``reload_weights_tied`` reloads, then rebuilds that kernel (about 35 ms for a tiny model;
     a no-op for untied models). The checkpoint files need no change. ``tied_reload=False``
     starts the server as a user would, with vLLM's own reload (the weight probe then catches
-    a tied model served wrong).
+    a tied model served wrong). ``tool_call_parser`` (``"hermes"``...): the chat endpoint reads
+    tool calls in the answers into ``tool_calls``, as the CPU engine does for Hermes calls.
     """
     model_dir = os.path.abspath(model_dir)
     python = os.path.abspath(python)
 
     def launch(port: int) -> VLLMLaunch:
         command = vllm_command(python, model_dir, port, max_model_len=max_model_len,
-                               kv_cache_bytes=kv_cache_bytes, extra_args=extra_args)
+                               kv_cache_bytes=kv_cache_bytes, tool_call_parser=tool_call_parser,
+                               extra_args=extra_args)
         return vllm_launch(command, tied_reload=tied_reload)
 
     return EngineSpec(

@@ -63,13 +63,19 @@ def vllm_command(
     *,
     max_model_len: int = 512,
     kv_cache_bytes: int = 64 * 1024 * 1024,
+    tool_call_parser: str | None = None,
     extra_args: Sequence[str] = (),
 ) -> list[str]:
     """The command of a vLLM OpenAI server on the CPU serving ``model_dir`` on
-    ``127.0.0.1:port``, from the venv of ``python`` (before :func:`vllm_launch`)."""
+    ``127.0.0.1:port``, from the venv of ``python`` (before :func:`vllm_launch`).
+
+    vLLM serves ``/v1/chat/completions`` with the snapshot's chat template; with
+    ``tool_call_parser`` (``"hermes"`` for Qwen2.5/3 and most tool-trained models) it also
+    reads the tool calls in the answers into ``tool_calls`` (``--enable-auto-tool-choice``)."""
+    tools = ["--enable-auto-tool-choice", "--tool-call-parser", tool_call_parser] if tool_call_parser else []
     return [
         python, "-m", VLLM_SERVER_MODULE,
         "--model", model_dir, "--host", "127.0.0.1", "--port", str(port),
         "--dtype", "float32", "--max-model-len", str(max_model_len), "--enforce-eager",
-        "--kv-cache-memory-bytes", str(kv_cache_bytes), *extra_args,
+        "--kv-cache-memory-bytes", str(kv_cache_bytes), *tools, *extra_args,
     ]

@@ -43,3 +43,12 @@ def test_server_eval_fn_gives_a_launched_vllm_the_extension_unless_it_names_its_
     assert ServerEvalFn(data, launch=argv).tied_reload
     assert not ServerEvalFn(data, launch=[*argv, EXTENSION_FLAG, "theirs.X"]).tied_reload
     assert not ServerEvalFn(data, launch=argv, flavor="sglang").tied_reload
+
+
+def test_a_named_tool_call_parser_turns_on_vllms_tool_calls_in_chat() -> None:
+    argv = vllm_command("/venv/bin/python", "/models/base", 8000, tool_call_parser="hermes",
+                        extra_args=["--seed", "1"])
+    assert argv[-5:] == ["--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--seed", "1"]
+    assert "--tool-call-parser" not in ARGV
+    spec = vllm("/models/base", python="/venv/bin/python", tool_call_parser="hermes")
+    assert spec.command(8000)[: len(argv) - 2] == argv[:-2]

@@ -1,8 +1,9 @@
 """The embedded engine's HTTP server: the sglang API subset over a :class:`ModelHost`.
 
 Endpoints: ``/health``, ``/health_generate``, ``/update_weights_from_disk``, ``/model_info``
-(and ``/get_model_info``, ``/get_weight_version``, ``/v1/models``), ``/generate`` and
-``/v1/completions``. Requests that arrive together are generated in one batch; a weight load
+(and ``/get_model_info``, ``/get_weight_version``, ``/v1/models``), ``/generate``,
+``/v1/completions`` and ``/v1/chat/completions`` (:mod:`actorsys.fleet.embedded.chat`).
+Requests that arrive together are generated in one batch; a weight load
 waits for the running batch, and no batch starts until the load is done (the engine pauses
 the way vLLM's ``/pause?mode=wait`` does), so every answer comes from one checkpoint and is
 stamped with its version (``meta_info.weight_version`` / ``metadata.weight_version``).
@@ -40,6 +41,7 @@ from starlette.routing import Route
 
 from actorsys._errors import ActorsysError
 from actorsys.fleet.checkpoint import CheckpointMismatchError
+from actorsys.fleet.embedded.chat import ChatTemplates, chat_call, chat_response
 from actorsys.fleet.embedded.logprobs import openai_logprobs
 from actorsys.fleet.embedded.model import (
     GenerationRequest,
@@ -106,6 +108,7 @@ class EmbeddedEngine:
         # Encoding borrows the Rust tokenizer immutably (nothing here changes its truncation
         # or padding), so concurrent encodes are safe.
         self._parse_limiter = anyio.CapacityLimiter(PARSE_THREADS)
+        self._chat_templates = ChatTemplates(host)
 
     def close(self) -> None:
         """Let ``run`` return once the queued jobs are done; no job can be queued after."""
@@ -185,6 +188,7 @@ class EmbeddedEngine:
             Route("/v1/models", self._models, methods=["GET"]),
             Route("/generate", self._generate, methods=["POST"]),
             Route("/v1/completions", self._completions, methods=["POST"]),
+            Route("/v1/chat/completions", self._chat_completions, methods=["POST"]),
         ]
         middleware = [Middleware(ApiKeyMiddleware, key=self.api_key)] if self.api_key else []
         return Starlette(
@@ -331,6 +335,12 @@ class EmbeddedEngine:
             }
         )
 
+    async def _chat_completions(self, request: Request) -> JSONResponse:
+        call = await self._parsed(
+            request, lambda body: chat_call(body, self.host, self._chat_templates)
+        )
+        results = await self.generate(call.requests)
+        return JSONResponse(chat_response(call, results, self.host, self.served_model_name))
 
     def _choice(
         self, index: int, request: GenerationRequest, result: GenerationResult
