@@ -218,6 +218,8 @@ class ServerEvalFn(CheckpointEvalFn):
                 f"{self.url} served version {served!r} after the evaluation of {version!r}"
                 " (reloaded by someone else meanwhile?)",
             )
+        if verdict is not None and verdict.unverified is not None:
+            return RolloutFnEvalOutput(verdict.annotate(output.data), output.metrics)
         return output
 
     async def _pin(

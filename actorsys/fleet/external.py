@@ -185,11 +185,14 @@ class ExternalServer:
 
     async def stop(self) -> None:
         """Stop a launched server (SIGTERM to its process group, SIGKILL after ``grace``) and
-        remove its log; forget the fleet. Shielded: returns within about twice ``grace`` even
-        when cancelled. An attached server is only forgotten."""
+        remove its log; forget the fleet, killing its reference worker. Shielded: returns
+        within about twice ``grace`` even when cancelled. An attached server is only
+        forgotten."""
         process, self.process = self.process, None
-        self._fleet = None
+        fleet, self._fleet = self._fleet, None
         self._ready_deadline = None
+        if fleet is not None:
+            await fleet.aclose()
         if process is not None:
             await process.stop(self.grace)
             log.info("stopped the server %s (status %s)", process.name, process.returncode)

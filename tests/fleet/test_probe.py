@@ -5,6 +5,7 @@ way to probe at all."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Sequence
@@ -17,7 +18,6 @@ import trio
 import trio.testing
 
 from actorsys import EvalConfig, EvalSupervisor, Fleet, MemorySink, SGLangEngine
-from actorsys.fleet import probe as probe_module
 from actorsys.fleet.embedded.model import ModelHost
 from actorsys.fleet.embedded.server import EmbeddedEngine
 from actorsys.fleet.probe import (
@@ -27,7 +27,9 @@ from actorsys.fleet.probe import (
     compute_reference,
     first_disagreement,
     probe_prompts,
+    reference_from_logits,
 )
+from actorsys.fleet.reference import ReferenceWorker
 from tests.fakes import FakeEngine, RecordingEval
 from tests.fleet.conftest import Recorder, TinyModels
 from tests.models import make_model, make_snapshot
@@ -184,13 +186,8 @@ async def test_server_without_generate_is_checked_by_version_and_logged_once(
 
 def synthetic_reference(rows: list[list[float]]) -> Reference:
     """One prompt whose snapshot logits at position ``i`` are ``rows[i]`` (margin 0.5)."""
-    logits = torch.tensor([rows])
-    return Reference(
-        prompts=[[0]],
-        tokens=[[int(row.argmax()) for row in logits[0]]],
-        logprobs=torch.log_softmax(logits, dim=-1),
-        margins=[[0.5] * len(rows)],
-    )
+    reference = reference_from_logits([[0]], torch.tensor([rows]))
+    return dataclasses.replace(reference, margins=[[0.5] * len(rows)])
 
 
 def test_a_near_tie_taken_the_other_way_ends_the_comparison_of_that_prompt() -> None:
@@ -242,12 +239,12 @@ async def test_pin_deadline_abandons_a_reference_still_computing(
 ) -> None:
     entered, release = threading.Event(), threading.Event()
 
-    def stuck(path: str, prompts: object = None) -> Reference:
+    async def stuck(self: ReferenceWorker, path: str, prompts: object = None) -> Reference:
         entered.set()
-        release.wait()
+        await trio.to_thread.run_sync(release.wait, abandon_on_cancel=True)
         raise AssertionError("abandoned: nobody reads this")
 
-    monkeypatch.setattr(probe_module, "compute_reference", stuck)
+    monkeypatch.setattr(ReferenceWorker, "compute", stuck)
     fleet = Fleet([OtherWeightsEngine("engine", serves=tiny.step1)])
     deadline = trio.move_on_after(30)
 
