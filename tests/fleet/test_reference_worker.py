@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
-import trio
 import transformers
+import trio
 
 from actorsys import EvalConfig, EvalSupervisor, Fleet, MemorySink
 from actorsys.fleet.model_load import load_causal_lm
