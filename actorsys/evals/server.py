@@ -51,6 +51,7 @@ from actorsys.fleet import (
     SGLangEngine,
     VLLMEngine,
 )
+from actorsys.fleet.errors import EngineUnauthorizedError
 from actorsys.fleet.external import ExternalServer, ManagedProcess
 from actorsys.fleet.flavor import Flavor
 from actorsys.fleet.verdict import PinVerdict
@@ -244,6 +245,8 @@ class ServerEvalFn(CheckpointEvalFn):
                     raise EvalSkip(exc.reason, str(exc)) from exc
                 except PinViolationError as exc:
                     problem = f"it serves version {exc.actual!r}"
+                except EngineUnauthorizedError as exc:
+                    raise EvalSkip(exc.reason, str(exc)) from exc
                 except EngineUnhealthyError as exc:
                     problem = str(exc)
                 log.info("%s: not pinned to %s yet (%s); retrying in %.1f s", self.url,

@@ -20,6 +20,7 @@ from actorsys._errors import ConfigError
 from actorsys.config import require_seconds
 from actorsys.fleet._tls import ssl_context
 from actorsys.fleet.engine import EngineUnhealthyError
+from actorsys.fleet.errors import EngineUnauthorizedError
 from actorsys.fleet.probe import ProbeUnsupportedError
 
 log = logging.getLogger("actorsys.fleet")
@@ -75,7 +76,8 @@ class HttpEngine:
     ) -> httpx.Response:
         """One request that must be answered within ``seconds`` in all (httpx's own timeouts
         bound each read or write, not the whole exchange); raises ``httpx.TransportError``,
-        ``httpx.TimeoutException`` included."""
+        ``httpx.TimeoutException`` included, and :class:`EngineUnauthorizedError` for a 401
+        or 403 (the key is wrong or missing: never worth a retry)."""
         with trio.move_on_after(seconds):
             async with httpx.AsyncClient(
                 base_url=self.url,
@@ -84,8 +86,22 @@ class HttpEngine:
                 transport=self._transport,
                 verify=ssl_context(),
             ) as client:
-                return await client.request(method, path, json=json, params=params)
+                response = await client.request(method, path, json=json, params=params)
+            if response.status_code in (401, 403):
+                raise self._unauthorized(method, path, response)
+            return response
         raise httpx.ReadTimeout(f"{method} {self.url}{path}: no answer within {seconds} s")
+
+    def _unauthorized(
+        self, method: str, path: str, response: httpx.Response
+    ) -> EngineUnauthorizedError:
+        key = "a wrong API key" if self.api_key else "no API key"
+        return EngineUnauthorizedError(
+            self.name,
+            f"{method} {path} answered HTTP {response.status_code} ({response.text[:200]}): "
+            f"we sent {key}; pass the server's key (api_key=, --engine-api-key, "
+            "$ACTORSYS_API_KEY)",
+        )
 
     async def _probe(self, path: str) -> httpx.Response:
         """GET for a health check. A refused or broken connection raises

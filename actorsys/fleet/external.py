@@ -33,7 +33,7 @@ from actorsys.fleet._http import check_url
 from actorsys.fleet._process import ManagedProcess, spawn
 from actorsys.fleet.embedded import API_KEY_ENV as ENGINE_API_KEY_ENV
 from actorsys.fleet.engine import Engine, Fleet
-from actorsys.fleet.errors import EngineUnhealthyError
+from actorsys.fleet.errors import EngineUnauthorizedError, EngineUnhealthyError
 from actorsys.fleet.flavor import FLAVORS, Flavor, engine_of_flavor
 from actorsys.fleet.local import free_port, new_api_key, on_host
 from actorsys.fleet.vllm_launch import EXTENSION_FLAG, vllm_launch
@@ -148,6 +148,8 @@ class ExternalServer:
         url = self.url
         try:
             return await engine_of_flavor(self.flavor, lambda flavor: self.make_engine(flavor, url))
+        except EngineUnauthorizedError:
+            raise
         except EngineUnhealthyError as exc:
             raise EngineUnhealthyError(url, f"neither an sglang server nor a vLLM server with "
                                             f"its weight-update endpoints ({exc}); pass flavor=") from exc
@@ -233,11 +235,15 @@ class ExternalServer:
 
 async def _until_ok(call: Callable[[], Awaitable[T]]) -> T:
     """``await call()`` until it does not raise :class:`EngineUnhealthyError` (a server still
-    starting refuses connections); the caller's cancel scope bounds it."""
+    starting refuses connections); the caller's cancel scope bounds it. A server that
+    refuses our key (:class:`EngineUnauthorizedError`) is not waited on: that raises at
+    once."""
     delay = POLL_INITIAL_DELAY
     while True:
         try:
             return await call()
+        except EngineUnauthorizedError:
+            raise
         except EngineUnhealthyError as exc:
             log.debug("server not ready: %s", exc)
         await trio.sleep(delay)
