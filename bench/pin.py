@@ -12,8 +12,10 @@ Run: ``.venv/bin/python bench/pin.py [--hidden 512 --layers 8 --repeats 5] [--vl
    adds beyond the engines' own time to answer it (goal: about nothing), and the 4 / 1
    engine ratio. With ``--vllm``, the same for one vLLM server (from ``.venv-vllm``, tied
    embeddings, as the local fleet launches it).
-2. The memory the probe's reference costs: the snapshot loaded as the probe loads it, anonymous
-   memory (a copy) against file-backed memory (the mapped safetensors) of this process.
+2. The memory a reference costs where it is computed (the reference worker, never the
+   trainer's process; ``bench/trainer_cost.py`` samples the worker itself): the snapshot
+   loaded as the worker loads it, anonymous memory (a copy) against file-backed memory (the
+   mapped safetensors), measured here in this process.
 3. Submit points through EvalSupervisor (export from a model in memory) to a fleet of one and
    of four engines and splits the time from submit to the eval fn's start into the time
    submit blocks the caller (the weight copy), export, pin (probe included), and the rest
@@ -46,6 +48,7 @@ from actorsys import (  # noqa: E402
 )
 from actorsys.fleet.local import LocalFleet, embedded  # noqa: E402
 from actorsys.fleet.probe import WeightProbe, probe_prompts, read_probe_prompts  # noqa: E402
+from actorsys.fleet.reference import ReferenceWorker  # noqa: E402
 from tests.models import make_model, make_snapshot, random_model  # noqa: E402
 
 VLLM_PYTHON = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
@@ -109,13 +112,17 @@ def print_pin_table(rows: list[tuple[str, dict[str, list[float]]]]) -> None:
 
 
 async def reference_times(snapshots: list[str], repeats: int) -> list[float]:
-    """The probe's reference alone, as a pin computes it (a worker thread of this process)."""
-    probe = WeightProbe()
+    """The probe's reference alone, as a pin computes it (the reference worker, a process)."""
+    worker = ReferenceWorker()
     times = []
-    for index in range(repeats):
-        started = trio.current_time()
-        await probe.reference(snapshots[index % 2])
-        times.append(trio.current_time() - started)
+    try:
+        for index in range(repeats):
+            path = snapshots[index % 2]
+            started = trio.current_time()
+            await worker.compute(path, read_probe_prompts(path))
+            times.append(trio.current_time() - started)
+    finally:
+        await worker.aclose()
     return times
 
 
