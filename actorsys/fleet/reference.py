@@ -68,10 +68,12 @@ def _receive(stream: IO[bytes]) -> Any:
 
 class ReferenceWorker:
     """One reference worker process, started at the first :meth:`compute`, shared by every
-    fleet of its owner (one request at a time). Usable from any trio run and thread."""
+    fleet of its owner (one request at a time). Usable from any trio run and thread. The
+    process is killed by :meth:`aclose`, when a computation is cancelled, when this object is
+    collected, and at interpreter exit."""
 
     def __init__(self) -> None:
-        self._process: subprocess.Popen[bytes] | None = None
+        self._box: list[subprocess.Popen[bytes] | None] = [None]
         self._lock = threading.Lock()
         self._guard = threading.Lock()
         self._limiter = trio.CapacityLimiter(1)
@@ -79,11 +81,12 @@ class ReferenceWorker:
         self.started = 0
         """How many worker processes this object has started (a fresh one after each death)."""
         _WORKERS.add(self)
+        weakref.finalize(self, _kill_boxed, self._box)
 
     @property
     def pid(self) -> int | None:
         """The live worker's process id, or None."""
-        process = self._process
+        process = self._box[0]
         return process.pid if process is not None and process.poll() is None else None
 
     async def compute(self, path: str, prompts: list[list[int]]) -> Reference:
@@ -106,14 +109,14 @@ class ReferenceWorker:
         """Kill the worker, if one runs (SIGKILL; the thread reading its pipe reaps it, or
         the next start does). Never blocks; idempotent."""
         with self._guard:
-            process, self._process = self._process, None
+            process, self._box[0] = self._box[0], None
         if process is not None and process.poll() is None:
             process.kill()
 
     async def aclose(self) -> None:
         """Kill the worker and reap it, in a worker thread."""
         with self._guard:
-            process, self._process = self._process, None
+            process, self._box[0] = self._box[0], None
         if process is None:
             return
         if process.poll() is None:
@@ -146,9 +149,9 @@ class ReferenceWorker:
     def _request(self, path: str, prompts: list[list[int]]) -> Reference:
         with self._lock:
             with self._guard:
-                process = self._process
+                process = self._box[0]
                 if process is None or process.poll() is not None:
-                    process = self._process = self._start()
+                    process = self._box[0] = self._start()
             assert process.stdin is not None and process.stdout is not None
             try:
                 _send(process.stdin, (path, prompts))
@@ -159,8 +162,8 @@ class ReferenceWorker:
                 process.kill()
                 code = process.wait()
                 with self._guard:
-                    if self._process is process:
-                        self._process = None
+                    if self._box[0] is process:
+                        self._box[0] = None
                 raise ReferenceFailedError(
                     f"the reference worker exited (status {code}) while computing the "
                     f"answer of {path}"
@@ -170,6 +173,13 @@ class ReferenceWorker:
             assert isinstance(payload, Reference)
             return payload
         raise ReferenceFailedError(f"computing the answer of {path} failed: {payload}")
+
+
+def _kill_boxed(box: list[subprocess.Popen[bytes] | None]) -> None:
+    """A worker whose owner was collected goes with it."""
+    process, box[0] = box[0], None
+    if process is not None and process.poll() is None:
+        process.kill()
 
 
 @atexit.register

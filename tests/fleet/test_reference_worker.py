@@ -6,12 +6,14 @@ its point and asked again at the next pin."""
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 import transformers
@@ -184,3 +186,12 @@ async def test_a_cancelled_reference_kills_its_worker(tiny: TinyModels) -> None:
     assert worker.pid not in (None, pid) and reference.prompts == prompts
     await worker.aclose()
     assert worker.pid is None and worker.started == 2
+
+
+async def test_a_worker_whose_owner_is_collected_is_killed(tiny: TinyModels) -> None:
+    worker = ReferenceWorker()
+    await worker.compute(str(tiny.step1), read_probe_prompts(str(tiny.step1)))
+    process = psutil.Process(worker.pid)
+    del worker
+    gc.collect()
+    assert await trio.to_thread.run_sync(lambda: process.wait(timeout=10)) == -9
