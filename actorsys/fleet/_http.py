@@ -10,7 +10,7 @@ deadline, as for every coroutine here.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
@@ -135,6 +135,39 @@ class HttpEngine:
             return [[int(t) for t in tokens] for tokens in token_lists(response.json())]
         except (ValueError, KeyError, TypeError) as exc:
             raise ProbeUnsupportedError(f"POST {path} answered no token ids: {exc!r}") from exc
+
+    async def _prefill_probe(
+        self, sequences: Sequence[Sequence[int]], *, max_tokens: int
+    ) -> list[list[float]]:
+        """The prefill probe's request: ``POST /v1/completions`` with the sequences as token
+        ids, ``echo`` and ``logprobs``, generating ``max_tokens`` (0 where the server allows
+        it); each sequence's ``token_logprobs`` after its first token. Raises
+        :class:`~actorsys.fleet.probe.ProbeUnsupportedError` for a 4xx or an answer without
+        them (the probe then asks for greedy tokens), :class:`EngineUnhealthyError` for
+        another error status."""
+        body = {"prompt": [list(s) for s in sequences], "max_tokens": max_tokens, "echo": True,
+                "logprobs": 1, "temperature": 0.0}
+        response = await self._until_answered("POST", "/v1/completions", json=body)
+        if 400 <= response.status_code < 500:
+            raise ProbeUnsupportedError(
+                f"POST /v1/completions with echo and logprobs answered HTTP "
+                f"{response.status_code}: {response.text[:200]}"
+            )
+        if response.status_code != 200:
+            raise self._unexpected("POST", "/v1/completions", response)
+        try:
+            choices = sorted(response.json()["choices"], key=lambda choice: choice["index"])
+            rows = []
+            for choice, sequence in zip(choices, sequences, strict=True):
+                values = choice["logprobs"]["token_logprobs"][1 : len(sequence)]
+                if len(values) != len(sequence) - 1:
+                    raise ValueError(f"{len(values)} log-probabilities for {len(sequence)} tokens")
+                rows.append([float(v) for v in values])
+            return rows
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
+            raise ProbeUnsupportedError(
+                f"POST /v1/completions answered no prompt log-probabilities: {exc!r}"
+            ) from exc
 
     async def _until_answered(
         self,

@@ -27,6 +27,7 @@ from actorsys.fleet.errors import (
     on_all,
 )
 from actorsys.fleet.probe import (
+    Answer,
     Reference,
     ReferenceFailedError,
     ReferenceSource,
@@ -265,7 +266,7 @@ class Fleet:
         probed = self._probe.probed(self.engines) if probe else []
         prompts = await self._probe.prompts(path) if probed else None
         reference: Reference | ReferenceFailedError | None = None
-        answers: list[list[list[int]] | None] | None = None
+        answers: list[Answer | None] | None = None
         failure: PinError | None = None
         started = False
 

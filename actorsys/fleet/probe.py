@@ -36,13 +36,15 @@ implements just the protocol; or a server without the endpoint), or a snapshot w
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
 import os
 import random
+import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import trio
@@ -126,13 +128,42 @@ class ProbedEngine(Protocol):
         ...
 
 
+@runtime_checkable
+class PrefillEngine(Protocol):
+    """An engine that can answer the weight probe in one prefill: the log-probabilities of a
+    fixed continuation (OpenAI completions with ``echo`` and ``logprobs``)."""
+
+    name: str
+
+    async def prompt_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        """For each sequence (token ids), the log-probability of every token after the first
+        given those before it (``len(sequence) - 1`` values), with no token generated.
+        Raises :class:`ProbeUnsupportedError` if the server cannot answer that (the probe
+        then asks for greedy tokens)."""
+        ...
+
+
+@dataclass(frozen=True)
+class PrefillAnswer:
+    """An engine's answer to the prefill probe: ``logprobs[p][t]`` for the sequence ``p``'s
+    token ``t + 1``."""
+
+    logprobs: list[list[float]]
+
+
+Answer = list[list[int]] | PrefillAnswer
+"""An engine's answer to the probe: its greedy tokens per prompt, or a prefill's log-probabilities."""
+
+
 class WeightsMismatchError(PinViolationError):
     """An engine reads back the right version but computes something the snapshot does not.
 
     ``answer`` is the engine's greedy tokens for each probe prompt, ``reference`` the
     snapshot's; ``prompt`` and ``position`` locate the first clear disagreement, ``gap`` is
     how far (in log-probability) the snapshot puts the engine's token below its own choice
-    there, and ``margin`` what a near-tie may be.
+    there, and ``margin`` what a near-tie may be. For an engine probed by prefill
+    (``prefill``), ``answer`` and ``reference`` are the log-probabilities of the fixed
+    continuation, and ``prompt``, ``position``, ``gap`` locate their widest difference.
     """
 
     def __init__(
@@ -140,21 +171,34 @@ class WeightsMismatchError(PinViolationError):
         engine: str,
         version: str,
         *,
-        answer: list[list[int]],
-        reference: list[list[int]],
+        answer: list[list[int]] | list[list[float]],
+        reference: list[list[int]] | list[list[float]],
         prompt: int,
         position: int,
         gap: float,
         margin: float,
+        prefill: bool = False,
     ) -> None:
+        if prefill:
+            detail = (
+                f"probe sequence {prompt}: the engine's log-probabilities of the fixed "
+                f"continuation {_rounded(answer[prompt])}, the snapshot's "
+                f"{_rounded(reference[prompt])} (token {position} differs by {gap:.3g}; "
+                f"numerics may move one by {margin:.3g})"
+            )
+        else:
+            detail = (
+                f"probe prompt {prompt}, token {position}: the engine answered "
+                f"{answer[prompt]}, the snapshot answers {reference[prompt]} (the engine's "
+                f"token is {gap:.3g} below the snapshot's choice in log-probability; a "
+                f"near-tie is within {margin:.3g})"
+            )
         PinError.__init__(
             self,
             engine,
-            f"reads back version {version!r} but does not serve its weights: probe prompt "
-            f"{prompt}, token {position}: the engine answered {answer[prompt]}, the snapshot "
-            f"answers {reference[prompt]} (the engine's token is {gap:.3g} below the "
-            f"snapshot's choice in log-probability; a near-tie is within {margin:.3g})",
+            f"reads back version {version!r} but does not serve its weights: {detail}",
         )
+        self.prefill = prefill
         self.expected = version
         self.actual = version
         self.answer = answer
@@ -163,6 +207,10 @@ class WeightsMismatchError(PinViolationError):
         self.position = position
         self.gap = gap
         self.margin = margin
+
+
+def _rounded(values: Sequence[float | int]) -> list[float | int]:
+    return [round(v, 2) if isinstance(v, float) else v for v in values]
 
 
 NEAR_TOKENS = 16
@@ -180,7 +228,9 @@ class Reference:
     each token the snapshot ranks close to its choice (every near-tie, and the
     ``NEAR_TOKENS`` best) to how far below its choice it lies in log-probability, ``floors[p][i]``
     is a lower bound of the gap of every token not listed, and ``margins[p][i]`` is the
-    near-tie margin there."""
+    near-tie margin there. ``prefill`` and ``prefill_margins`` are the same for the prefill
+    probe: the log-probability of each token of the fixed sequence, and how far numerics may
+    move it."""
 
     prompts: list[list[int]]
     tokens: list[list[int]]
@@ -188,6 +238,10 @@ class Reference:
     floors: list[list[float]]
     margins: list[list[float]]
     vocab_size: int
+    prefill: list[list[float]] = field(default_factory=list)
+    """The log-probabilities of each :func:`probe_sequence` token after the first (empty
+    where not computed)."""
+    prefill_margins: list[list[float]] = field(default_factory=list)
 
 
 def reference_from_logits(
@@ -244,6 +298,13 @@ def probe_prompts(vocab_size: int) -> list[list[int]]:
     return [[rng.randrange(low, high) for _ in range(PROMPT_TOKENS)] for _ in range(PROBE_PROMPTS)]
 
 
+def probe_sequence(prompt: Sequence[int]) -> list[int]:
+    """The prefill probe's fixed sequence for one probe prompt: the prompt, then
+    ``PROBE_TOKENS`` fixed tokens (the prompt's own, reversed: inside the vocabulary, and
+    continuations no model favours, so every position tells)."""
+    return [*prompt, *list(reversed(prompt))[:PROBE_TOKENS]]
+
+
 def read_probe_prompts(path: str) -> list[list[int]]:
     """The probe prompts for the snapshot at ``path``, from the vocabulary size in its
     ``config.json`` (or its ``text_config``). Raises :class:`ReferenceUnavailableError`
@@ -294,10 +355,39 @@ def compute_reference(path: str, prompts: list[list[int]] | None = None) -> Refe
             logits = model(input_ids=ids, use_cache=False, logits_to_keep=1).logits[:, -1, :]
             steps.append(logits.float())
             ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], dim=1)
+        sequences = torch.tensor([probe_sequence(p) for p in prompts], dtype=torch.long)
+        full = model(input_ids=sequences, use_cache=False).logits[:, :-1, :].float()
     half = model.dtype in (torch.bfloat16, torch.float16)
     del model
     rel_margin = HALF_PRECISION_REL_MARGIN if half else REL_MARGIN
-    return reference_from_logits(prompts, torch.stack(steps, dim=1), rel_margin=rel_margin)
+    reference = reference_from_logits(prompts, torch.stack(steps, dim=1), rel_margin=rel_margin)
+    chosen = torch.log_softmax(full, dim=-1).gather(-1, sequences[:, 1:, None])[..., 0]
+    return dataclasses.replace(
+        reference,
+        prefill=chosen.tolist(),
+        prefill_margins=(rel_margin * full.std(dim=-1) + ABS_MARGIN).tolist(),
+    )
+
+
+def prefill_disagreement(
+    reference: Reference, answer: PrefillAnswer
+) -> tuple[int, int, float, float] | None:
+    """Where the prefill ``answer`` differs from the snapshot's: None where the typical
+    (median) difference over every position is within its margin; else the (sequence,
+    position, difference, margin) of the widest. Numerics move a few positions by a margin's
+    worth (more in 16-bit dtypes), other weights move almost all of them by several."""
+    ratios: list[tuple[float, int, int, float, float]] = []
+    for p, (ours, theirs) in enumerate(zip(reference.prefill, answer.logprobs, strict=True)):
+        if len(theirs) != len(ours):
+            return p, min(len(ours), len(theirs)), math.inf, 0.0
+        for t, (mine, value) in enumerate(zip(ours, theirs, strict=True)):
+            margin = reference.prefill_margins[p][t]
+            gap = abs(mine - value) if math.isfinite(value) else math.inf
+            ratios.append((gap / margin, p, t, gap, margin))
+    if not ratios or statistics.median(r[0] for r in ratios) <= 1.0:
+        return None
+    _, p, t, gap, margin = max(ratios)
+    return p, t, gap, margin
 
 
 def first_disagreement(
@@ -334,10 +424,13 @@ class WeightProbe:
         self._files = trio.CapacityLimiter(1)
         self._logged: set[str] = set()
 
-    def note_once(self, reason: str) -> None:
+    def note_once(self, reason: str, *, off: bool = True) -> None:
         if reason not in self._logged:
             self._logged.add(reason)
-            log.warning("weight probe off: %s; pins check the version only", reason)
+            if off:
+                log.warning("weight probe off: %s; pins check the version only", reason)
+            else:
+                log.info("weight probe: %s", reason)
 
     def probed(self, engines: Sequence[Named]) -> list[ProbedEngine]:
         """The engines that can be probed; logs once for each that cannot."""
@@ -385,12 +478,27 @@ class WeightProbe:
 
     async def ask(
         self, engines: Sequence[ProbedEngine], prompts: list[list[int]]
-    ) -> list[list[list[int]] | None]:
-        """Every engine's greedy answer to ``prompts``, asked concurrently (None for one
-        that cannot answer a token probe, logged once). Raises :class:`EngineUnhealthyError`
-        for an engine whose request fails or that answers the wrong number of prompts."""
+    ) -> list[Answer | None]:
+        """Every engine's answer to the probe, asked concurrently: one prefill of the fixed
+        sequences (:func:`probe_sequence`) where the engine can answer it, else its greedy
+        tokens after ``prompts`` (None for one that can answer neither, logged once).
+        Raises :class:`EngineUnhealthyError` for an engine whose request fails or that
+        answers the wrong number of prompts."""
+        sequences = [probe_sequence(p) for p in prompts]
 
-        async def one(engine: ProbedEngine) -> list[list[int]] | None:
+        async def one(engine: ProbedEngine) -> Answer | None:
+            if isinstance(engine, PrefillEngine):
+                try:
+                    logprobs = await engine.prompt_logprobs(sequences)
+                except ProbeUnsupportedError as exc:
+                    self.note_once(f"engine {engine.name!r} cannot answer a prefill probe "
+                                   f"({exc}); it is asked for greedy tokens", off=False)
+                else:
+                    if len(logprobs) != len(sequences):
+                        raise EngineUnhealthyError(
+                            engine.name, f"answered {len(logprobs)} of {len(sequences)} probes"
+                        )
+                    return PrefillAnswer([[float(v) for v in row] for row in logprobs])
             try:
                 answer = await engine.greedy_tokens(prompts, PROBE_TOKENS)
             except ProbeUnsupportedError as exc:
@@ -407,7 +515,7 @@ class WeightProbe:
 
 def judge(
     engines: Sequence[Named],
-    answers: Sequence[list[list[int]] | None],
+    answers: Sequence[Answer | None],
     reference: Reference,
     version: str,
 ) -> WeightsMismatchError | None:
@@ -416,6 +524,15 @@ def judge(
     (a few hundred comparisons)."""
     for engine, answer in zip(engines, answers, strict=True):
         if answer is None:
+            continue
+        if isinstance(answer, PrefillAnswer):
+            found = prefill_disagreement(reference, answer)
+            if found is not None:
+                prompt, position, gap, margin = found
+                return WeightsMismatchError(
+                    engine.name, version, answer=answer.logprobs, reference=reference.prefill,
+                    prompt=prompt, position=position, gap=gap, margin=margin, prefill=True,
+                )
             continue
         found = first_disagreement(reference, answer)
         if found is not None:

@@ -21,7 +21,12 @@ import trio
 
 from actorsys import EvalConfig, EvalSupervisor, Fleet, MemorySink
 from actorsys.fleet.model_load import load_causal_lm
-from actorsys.fleet.probe import PROBE_TOKENS, WeightsMismatchError, read_probe_prompts
+from actorsys.fleet.probe import (
+    PROBE_TOKENS,
+    WeightsMismatchError,
+    probe_sequence,
+    read_probe_prompts,
+)
 from actorsys.fleet.reference import ReferenceWorker
 from actorsys.fleet.verdict import UNVERIFIED_KEY
 from tests.fakes import FakeEngine, RecordingEval
@@ -45,6 +50,33 @@ class AnswersWith(FakeEngine):
         return self.tokens
 
 
+class PrefillWith(FakeEngine):
+    """Reads back whatever version it loads and answers the prefill probe with fixed
+    log-probabilities (those of a model computed before the test, in this process)."""
+
+    def __init__(self, name: str, logprobs: list[list[float]]) -> None:
+        super().__init__(name)
+        self.logprobs = logprobs
+
+    async def greedy_tokens(
+        self, prompts: Sequence[Sequence[int]], max_tokens: int
+    ) -> list[list[int]]:
+        raise AssertionError("an engine that answers the prefill probe is not asked for tokens")
+
+    async def prompt_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        await trio.lowlevel.checkpoint()
+        return self.logprobs
+
+
+def prefill_probe(model: transformers.PreTrainedModel, prompts: list[list[int]]) -> list[list[float]]:
+    """``model``'s log-probabilities of the prefill probe's fixed sequences, in float32."""
+    ids = torch.tensor([probe_sequence(p) for p in prompts])
+    with torch.inference_mode():
+        logits = model.float()(input_ids=ids, use_cache=False).logits[:, :-1, :]
+    chosen = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
+    return chosen.tolist()
+
+
 def greedy_probe(model: transformers.PreTrainedModel, prompts: list[list[int]]) -> list[list[int]]:
     """``model``'s greedy answer to the probe, in float32 as the CPU engine serves."""
     ids = torch.tensor(prompts)
@@ -55,22 +87,22 @@ def greedy_probe(model: transformers.PreTrainedModel, prompts: list[list[int]]) 
     return ids[:, len(prompts[0]):].tolist()
 
 
-def tied_with_old_head(models: TinyModels, prompts: list[list[int]]) -> list[list[int]]:
+def tied_with_old_head(models: TinyModels) -> transformers.PreTrainedModel:
     """What vLLM served after an in-place reload of a tied model: step1's body, the base
     model's head."""
     new, old = load_causal_lm(str(models.step1)), load_causal_lm(str(models.base))
     new.config.tie_word_embeddings = False
     new.lm_head.weight = torch.nn.Parameter(old.get_input_embeddings().weight.detach().clone())
-    return greedy_probe(new, prompts)
+    return new
 
 
-def moe_with_old_experts(models: TinyModels, prompts: list[list[int]]) -> list[list[int]]:
+def moe_with_old_experts(models: TinyModels) -> transformers.PreTrainedModel:
     """An MoE model whose experts missed the reload: step1's weights, the base's experts."""
     new, old = load_causal_lm(str(models.step1)), load_causal_lm(str(models.base))
     experts = {k: v for k, v in old.state_dict().items() if ".experts." in k}
     assert experts
     new.load_state_dict(experts, strict=False)
-    return greedy_probe(new, prompts)
+    return new
 
 
 def honest(models: TinyModels, prompts: list[list[int]]) -> list[list[int]]:
@@ -88,22 +120,31 @@ def no_model_loads_here(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", classmethod(refuse))
 
 
+@pytest.mark.parametrize("probe", ["greedy", "prefill"])
 @pytest.mark.parametrize(
     ("family", "franken"), [("tied", tied_with_old_head), ("moe", moe_with_old_experts)]
 )
 async def test_the_reference_is_computed_out_of_process_and_catches_the_reloads_that_lie(
-    family: str, franken: object, request: pytest.FixtureRequest
+    family: str, franken: object, probe: str, request: pytest.FixtureRequest
 ) -> None:
     models: TinyModels = request.getfixturevalue(family)
     prompts = read_probe_prompts(str(models.step1))
-    lying = franken(models, prompts)  # type: ignore[operator]
-    right = honest(models, prompts)
+    lying_model = franken(models)  # type: ignore[operator]
+    right_model = load_causal_lm(str(models.step1))
+    if probe == "greedy":
+        lying, right = greedy_probe(lying_model, prompts), greedy_probe(right_model, prompts)
+        liar, truthful = AnswersWith("liar", lying), AnswersWith("honest", right)
+    else:
+        lying, right = prefill_probe(lying_model, prompts), prefill_probe(right_model, prompts)
+        liar, truthful = PrefillWith("liar", lying), PrefillWith("honest", right)
     assert lying != right
     request.getfixturevalue("no_model_loads_here")
     with pytest.raises(WeightsMismatchError) as caught:
-        await Fleet([AnswersWith("liar", lying)]).pin(str(models.step1), "1")
-    assert caught.value.answer == lying and caught.value.reference == right
-    fleet = Fleet([AnswersWith("honest", right)])
+        await Fleet([liar]).pin(str(models.step1), "1")
+    assert caught.value.answer == lying and caught.value.prefill == (probe == "prefill")
+    if probe == "greedy":
+        assert caught.value.reference == right
+    fleet = Fleet([truthful])
     await fleet.pin(str(models.step1), "1")
     assert fleet.version == "1"
     await fleet.aclose()
