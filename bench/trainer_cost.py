@@ -10,8 +10,9 @@ engine with the weight probe on (``probe``) and off (``noprobe``). Each reports:
 
 - its peak RSS (``ru_maxrss``), so the eval trainers' can be set against the bare one plus
   the weight buffers (``max_in_flight`` copies of the weights, by design);
-- each point's stall (how long ``submit`` blocks) against a bare copy of the same weights
-  into reused buffers, timed in the same process after training;
+- each point's stall (how long ``submit`` blocks; ``overflow="skip"``, so never a wait for
+  an earlier point) against a bare copy of the same weights into reused buffers, timed in
+  the same process after training;
 - (``probe``) the reference worker's memory, sampled every 10 ms while it runs: anonymous
   (a copy) and file-backed (the mapped snapshot), against the model's bytes;
 - each point's pin until eval start (``eval/pin_time_seconds``), probe on against off.
@@ -136,7 +137,9 @@ def trainer(args: argparse.Namespace) -> dict[str, Any]:
                 train_step(model, optimizer, batch)
             return
         fleet = Fleet([SGLangEngine(args.url, api_key=args.key)])
-        config = EvalConfig(hf_dir=args.staging, probe=args.mode == "probe",
+        # overflow="skip": a submit never waits for an earlier point (the stall is the
+        # submit's own cost); a point that finds max_in_flight points ahead settles `busy`.
+        config = EvalConfig(hf_dir=args.staging, probe=args.mode == "probe", overflow="skip",
                             base_checkpoint=args.base, pin_timeout=600.0, close_timeout=60.0)
         async with EvalSupervisor.open(config, eval_fn=Nothing(), fleet=fleet, sink=sink) as sup:
             await sup.prepare(model=model)

@@ -1,11 +1,20 @@
 """The weight probe: after a pin, every engine must compute what the snapshot computes.
 
 A version read back is a label, not proof: vLLM's in-place reload of a model with tied
-embeddings labels the new version while it serves the new body with the old head (see
+embeddings labels the new version while it serves the new body with the old head, and of an
+MoE model, while it serves experts packed from the previous weights (see
 ``actorsys/fleet/vllm_worker``). So, once every engine reads back the version, each answers a
-short fixed probe (``PROBE_PROMPTS`` prompts of ``PROMPT_TOKENS`` token ids, ``PROBE_TOKENS``
-greedy tokens, penalties off) and its tokens are compared with the snapshot's own greedy
-continuation, computed with transformers in a worker process.
+short fixed probe, compared with what the snapshot itself computes (transformers, in a
+worker process).
+
+The probe is one prefill where the engine can answer it (:class:`PrefillEngine`: the CPU
+engine and vLLM, through completions with ``echo`` and ``logprobs``): the log-probabilities
+of ``PROBE_PROMPTS`` fixed sequences (:func:`probe_sequence`: ``PROMPT_TOKENS`` prompt token
+ids and ``PROBE_TOKENS`` fixed continuation tokens), one forward pass and no decoding. Each
+position may differ from the snapshot's by its margin (below); the answer is wrong where the
+median difference over all positions exceeds it, which numerics never reach and other weights
+always do. Engines that cannot answer a prefill answer ``PROBE_TOKENS`` greedy tokens after
+each prompt (penalties off), compared with the snapshot's greedy continuation as follows.
 
 Kernel numerics differ between engines and dtypes, so a token counts as wrong only where the
 snapshot clearly prefers its own choice: the engine's token must be within ``margin`` of the
