@@ -47,7 +47,12 @@ from actorsys import (  # noqa: E402
     RolloutFnEvalOutput,
 )
 from actorsys.fleet.local import LocalFleet, embedded  # noqa: E402
-from actorsys.fleet.probe import WeightProbe, probe_prompts, read_probe_prompts  # noqa: E402
+from actorsys.fleet.probe import (  # noqa: E402
+    PrefillAnswer,
+    WeightProbe,
+    probe_prompts,
+    read_probe_prompts,
+)
 from actorsys.fleet.reference import ReferenceWorker  # noqa: E402
 from tests.models import make_model, make_snapshot, random_model  # noqa: E402
 
@@ -93,8 +98,10 @@ async def pin_times(
                 times["verdict"].append(judged - started)
                 prompts = read_probe_prompts(snapshot)
                 asked = trio.current_time()
-                await probe.ask(probe.probed(fleet.engines), prompts)
+                answers = await probe.ask(probe.probed(fleet.engines), prompts)
                 times["answer"].append(trio.current_time() - asked)
+                kinds = {"prefill" if isinstance(a, PrefillAnswer) else "greedy" for a in answers}
+                times.setdefault("kinds", []).extend(kinds)  # type: ignore[arg-type]
             count += 1
     return times
 
@@ -102,13 +109,14 @@ async def pin_times(
 def print_pin_table(rows: list[tuple[str, dict[str, list[float]]]]) -> None:
     print("| pin, until the eval may start | probe off, median s | probe on, median s "
           "| on / off | engines answer the probe, ms | the probe adds beyond that, ms "
-          "| verdict after, s |")
-    print("|---|---|---|---|---|---|---|")
+          "| verdict after, s | probe |")
+    print("|---|---|---|---|---|---|---|---|")
     for label, times in rows:
         off, on = median(times["off"]), median(times["on"])
         answer, verdict = median(times["answer"]), median(times["verdict"])
+        kinds = "/".join(sorted(set(times.get("kinds", [])))) or "-"  # type: ignore[arg-type]
         print(f"| {label} | {off:.3f} | {on:.3f} | {on / off:.2f} | {1000 * answer:.0f} "
-              f"| {1000 * (on - off - answer):.0f} | {verdict:.3f} |")
+              f"| {1000 * (on - off - answer):.0f} | {verdict:.3f} | {kinds} |")
 
 
 async def reference_times(snapshots: list[str], repeats: int) -> list[float]:
