@@ -29,12 +29,16 @@ One root, a flat set of precise meanings; each error carries its context as attr
     │                               ``reason`` pin_violation
     ├── PinError                (fleet.errors) a pin failed: ``engine``, ``reason``
     │   ├── EngineUnhealthyError    unhealthy
+    │   │   └── EngineUnauthorizedError  a 401/403: our key is wrong or missing; never
+    │   │                             waited on or retried
     │   ├── PinViolationError       pin_violation: ``expected``, ``actual``
     │   │   └── WeightsMismatchError  (fleet.probe) the right version, other weights:
     │   │                             ``answer``, ``reference``, ``prompt``, ``position``
     │   ├── CheckpointRejectedError ckpt_invalid: ``path``
     │   └── ProbeCancelledError     (fleet.verdict) pin_timeout: the probe was cut off
     │                               before its answers were judged
+    ├── ReferenceFailedError    (fleet.probe) the probe's reference could not be computed
+    │                           this time; reported on its point, asked again next pin
     ├── CheckpointMismatchError (also a ValueError; fleet.checkpoint) a checkpoint does not
     │                           match the served model: ``path``
     ├── FleetStartError         (also a RuntimeError; fleet.local) an engine of a local fleet

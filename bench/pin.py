@@ -12,8 +12,10 @@ Run: ``.venv/bin/python bench/pin.py [--hidden 512 --layers 8 --repeats 5] [--vl
    adds beyond the engines' own time to answer it (goal: about nothing), and the 4 / 1
    engine ratio. With ``--vllm``, the same for one vLLM server (from ``.venv-vllm``, tied
    embeddings, as the local fleet launches it).
-2. The memory the probe's reference costs: the snapshot loaded as the probe loads it, anonymous
-   memory (a copy) against file-backed memory (the mapped safetensors) of this process.
+2. The memory a reference costs where it is computed (the reference worker, never the
+   trainer's process; ``bench/trainer_cost.py`` samples the worker itself): the snapshot
+   loaded as the worker loads it, anonymous memory (a copy) against file-backed memory (the
+   mapped safetensors), measured here in this process.
 3. Submit points through EvalSupervisor (export from a model in memory) to a fleet of one and
    of four engines and splits the time from submit to the eval fn's start into the time
    submit blocks the caller (the weight copy), export, pin (probe included), and the rest
@@ -45,7 +47,13 @@ from actorsys import (  # noqa: E402
     RolloutFnEvalOutput,
 )
 from actorsys.fleet.local import LocalFleet, embedded  # noqa: E402
-from actorsys.fleet.probe import WeightProbe, probe_prompts, read_probe_prompts  # noqa: E402
+from actorsys.fleet.probe import (  # noqa: E402
+    PrefillAnswer,
+    WeightProbe,
+    probe_prompts,
+    read_probe_prompts,
+)
+from actorsys.fleet.reference import ReferenceWorker  # noqa: E402
 from tests.models import make_model, make_snapshot, random_model  # noqa: E402
 
 VLLM_PYTHON = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
@@ -90,8 +98,10 @@ async def pin_times(
                 times["verdict"].append(judged - started)
                 prompts = read_probe_prompts(snapshot)
                 asked = trio.current_time()
-                await probe.ask(probe.probed(fleet.engines), prompts)
+                answers = await probe.ask(probe.probed(fleet.engines), prompts)
                 times["answer"].append(trio.current_time() - asked)
+                kinds = {"prefill" if isinstance(a, PrefillAnswer) else "greedy" for a in answers}
+                times.setdefault("kinds", []).extend(kinds)  # type: ignore[arg-type]
             count += 1
     return times
 
@@ -99,23 +109,28 @@ async def pin_times(
 def print_pin_table(rows: list[tuple[str, dict[str, list[float]]]]) -> None:
     print("| pin, until the eval may start | probe off, median s | probe on, median s "
           "| on / off | engines answer the probe, ms | the probe adds beyond that, ms "
-          "| verdict after, s |")
-    print("|---|---|---|---|---|---|---|")
+          "| verdict after, s | probe |")
+    print("|---|---|---|---|---|---|---|---|")
     for label, times in rows:
         off, on = median(times["off"]), median(times["on"])
         answer, verdict = median(times["answer"]), median(times["verdict"])
+        kinds = "/".join(sorted(set(times.get("kinds", [])))) or "-"  # type: ignore[arg-type]
         print(f"| {label} | {off:.3f} | {on:.3f} | {on / off:.2f} | {1000 * answer:.0f} "
-              f"| {1000 * (on - off - answer):.0f} | {verdict:.3f} |")
+              f"| {1000 * (on - off - answer):.0f} | {verdict:.3f} | {kinds} |")
 
 
 async def reference_times(snapshots: list[str], repeats: int) -> list[float]:
-    """The probe's reference alone, as a pin computes it (a worker thread of this process)."""
-    probe = WeightProbe()
+    """The probe's reference alone, as a pin computes it (the reference worker, a process)."""
+    worker = ReferenceWorker()
     times = []
-    for index in range(repeats):
-        started = trio.current_time()
-        await probe.reference(snapshots[index % 2])
-        times.append(trio.current_time() - started)
+    try:
+        for index in range(repeats):
+            path = snapshots[index % 2]
+            started = trio.current_time()
+            await worker.compute(path, read_probe_prompts(path))
+            times.append(trio.current_time() - started)
+    finally:
+        await worker.aclose()
     return times
 
 

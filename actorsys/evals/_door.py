@@ -24,8 +24,8 @@ import httpx
 import trio
 
 from actorsys._errors import ConfigError
+from actorsys._tls import ssl_context
 from actorsys.evals._gate import GateStatistics, RequestGate
-from actorsys.fleet._tls import ssl_context
 from actorsys.fleet.completions import served_model
 
 T = TypeVar("T")

@@ -47,7 +47,7 @@ import h11
 import httpx
 import trio
 
-from actorsys.fleet._tls import ssl_context
+from actorsys._tls import ssl_context
 from actorsys.fleet.completions import CompletionError, StaleWeightsError
 
 log = logging.getLogger("actorsys.evals")

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 
 from actorsys._errors import ActorsysError
-from actorsys.fleet._tls import ssl_context
+from actorsys._tls import ssl_context
 
 
 class RemoteRewardError(ActorsysError):

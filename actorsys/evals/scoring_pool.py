@@ -14,11 +14,21 @@ idle minutes and shared by every evaluation of the process, of which at most
 first: a training script that evaluates in its own process needs the usual
 ``if __name__ == "__main__":`` guard, as for torch's DataLoader workers.
 
+A worker is light: it imports the scorers, not the package around them (whose ``__init__``
+pulls in torch through the pipeline). Every job reaches it as source and bytes
+(:data:`_BOOT`, run by ``eval``, a builtin, so unpickling the job imports nothing of ours),
+which first registers ``actorsys`` and ``actorsys.evals`` as bare packages, then imports this
+module and runs the job. A name asked of a bare package (a callable scorer that imports
+``actorsys``) runs its real ``__init__`` then.
+
 Answers travel in chunks of :data:`CHUNK` (a round trip costs about as much as scoring a few
 hundred exact-match answers). A chunk must finish within one answer's ``score_timeout``; one
 that does not is scored again answer by answer, so an answer scores 0 for time only when it
-alone overran. A worker's first job may import heavy modules (sympy), so each call first
-warms its workers, bounded by :data:`WARM_TIMEOUT` instead of ``score_timeout``.
+alone overran. A worker's first job imports the scorer's modules and scores a sample (sympy
+and math-verify's parsers load at their first use), so each call first warms its workers,
+bounded by :data:`WARM_TIMEOUT` instead of ``score_timeout``: that budget counts only the
+scoring of the answers. A worker that died is replaced by a fresh one, warmed the same way
+before it scores again.
 
 Under trio's MockClock with autojump (deterministic tests), the clock is held while a scoring
 call runs (:func:`~actorsys.runtime.holding_clock`): its waits on the workers'
@@ -151,12 +161,17 @@ async def _warm(scorer: Scorer, workers: int) -> str | None:
 
 
 async def _in_worker(seconds: float, fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)`` in a worker once one of ours is free, killed after ``seconds``
-    (:class:`trio.TooSlowError`)."""
+    """``fn(*args)`` (a function of this module) in a light worker once one of ours is free,
+    killed after ``seconds`` (:class:`trio.TooSlowError`)."""
     limiter, unlimited = _limiters()
+    job = {"_boot": _BOOT, "_root": _PACKAGE_DIR,
+           "_job": cloudpickle.dumps((fn.__name__, args), protocol=pickle.HIGHEST_PROTOCOL)}
     async with limiter:
         with trio.fail_after(seconds):
-            return await trio_parallel.run_sync(fn, *args, kill_on_cancel=True, limiter=unlimited)
+            result: T = await trio_parallel.run_sync(
+                eval, _RUN, job, kill_on_cancel=True, limiter=unlimited
+            )
+            return result
 
 
 def _limiters() -> tuple[trio.CapacityLimiter, trio.CapacityLimiter]:
@@ -184,7 +199,48 @@ def score_batch(scorer: Scorer, items: Sequence[Item]) -> list[tuple[float, str 
 
 
 def warm_up(scorer: Scorer) -> int:
-    """Runs in a worker: import what ``scorer`` needs; the worker's pid."""
+    """Runs in a worker: import what ``scorer`` needs and score a sample with math-verify where
+    it grades (its parsers load at first use); the worker's pid."""
     if scorer == "math" or getattr(scorer, "needs_math", False):  # a dataset's Grader
-        import math_verify  # noqa: F401
+        score("math", "\\boxed{1}", "1")
     return os.getpid()
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_RUN = "exec(_boot) or _result"
+_BOOT = """
+import importlib, os, pickle, sys, types
+
+
+def _bare_package(name, path):
+    if name in sys.modules:
+        return
+    module = types.ModuleType(name)
+    module.__path__ = [path]
+    module.__file__ = os.path.join(path, "__init__.py")
+
+    def __getattr__(attr):
+        # `from actorsys.evals import scorers` asks the package before importing the submodule
+        if os.path.exists(os.path.join(path, attr + ".py")) or os.path.isfile(
+            os.path.join(path, attr, "__init__.py")
+        ):
+            return importlib.import_module(name + "." + attr)
+        if module.__dict__.get("_actorsys_init_ran"):
+            raise AttributeError(f"module {name!r} has no attribute {attr!r}")
+        module._actorsys_init_ran = True
+        with open(module.__file__, encoding="utf-8") as f:
+            exec(compile(f.read(), module.__file__, "exec"), module.__dict__)
+        return getattr(module, attr)
+
+    module.__getattr__ = __getattr__
+    sys.modules[name] = module
+
+
+_bare_package("actorsys", _root)
+_bare_package("actorsys.evals", os.path.join(_root, "evals"))
+_pool = importlib.import_module("actorsys.evals.scoring_pool")
+
+_name, _args = pickle.loads(_job)
+_result = getattr(_pool, _name)(*_args)
+"""
+"""What a worker runs for every job (``eval(_RUN, job)``): see the module's docstring."""

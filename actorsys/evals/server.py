@@ -51,6 +51,7 @@ from actorsys.fleet import (
     SGLangEngine,
     VLLMEngine,
 )
+from actorsys.fleet.errors import EngineUnauthorizedError
 from actorsys.fleet.external import ExternalServer, ManagedProcess
 from actorsys.fleet.flavor import Flavor
 from actorsys.fleet.verdict import PinVerdict
@@ -218,6 +219,8 @@ class ServerEvalFn(CheckpointEvalFn):
                 f"{self.url} served version {served!r} after the evaluation of {version!r}"
                 " (reloaded by someone else meanwhile?)",
             )
+        if verdict is not None and verdict.unverified is not None:
+            return RolloutFnEvalOutput(verdict.annotate(output.data), output.metrics)
         return output
 
     async def _pin(
@@ -242,6 +245,8 @@ class ServerEvalFn(CheckpointEvalFn):
                     raise EvalSkip(exc.reason, str(exc)) from exc
                 except PinViolationError as exc:
                     problem = f"it serves version {exc.actual!r}"
+                except EngineUnauthorizedError as exc:
+                    raise EvalSkip(exc.reason, str(exc)) from exc
                 except EngineUnhealthyError as exc:
                     problem = str(exc)
                 log.info("%s: not pinned to %s yet (%s); retrying in %.1f s", self.url,

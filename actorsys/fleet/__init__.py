@@ -26,6 +26,7 @@ from actorsys.fleet.engine import (
     PinError,
     PinViolationError,
 )
+from actorsys.fleet.errors import EngineUnauthorizedError
 from actorsys.fleet.flags import FleetFlags
 from actorsys.fleet.probe import WeightsMismatchError
 from actorsys.fleet.sglang import SGLangEngine
@@ -38,6 +39,7 @@ __all__ = [
     "Completion",
     "CompletionError",
     "Engine",
+    "EngineUnauthorizedError",
     "EngineUnhealthyError",
     "Fleet",
     "FleetFlags",

@@ -10,16 +10,17 @@ deadline, as for every coroutine here.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
 import trio
 
 from actorsys._errors import ConfigError
+from actorsys._tls import ssl_context
 from actorsys.config import require_seconds
-from actorsys.fleet._tls import ssl_context
 from actorsys.fleet.engine import EngineUnhealthyError
+from actorsys.fleet.errors import EngineUnauthorizedError
 from actorsys.fleet.probe import ProbeUnsupportedError
 
 log = logging.getLogger("actorsys.fleet")
@@ -75,7 +76,8 @@ class HttpEngine:
     ) -> httpx.Response:
         """One request that must be answered within ``seconds`` in all (httpx's own timeouts
         bound each read or write, not the whole exchange); raises ``httpx.TransportError``,
-        ``httpx.TimeoutException`` included."""
+        ``httpx.TimeoutException`` included, and :class:`EngineUnauthorizedError` for a 401
+        or 403 (the key is wrong or missing: never worth a retry)."""
         with trio.move_on_after(seconds):
             async with httpx.AsyncClient(
                 base_url=self.url,
@@ -84,8 +86,22 @@ class HttpEngine:
                 transport=self._transport,
                 verify=ssl_context(),
             ) as client:
-                return await client.request(method, path, json=json, params=params)
+                response = await client.request(method, path, json=json, params=params)
+            if response.status_code in (401, 403):
+                raise self._unauthorized(method, path, response)
+            return response
         raise httpx.ReadTimeout(f"{method} {self.url}{path}: no answer within {seconds} s")
+
+    def _unauthorized(
+        self, method: str, path: str, response: httpx.Response
+    ) -> EngineUnauthorizedError:
+        key = "a wrong API key" if self.api_key else "no API key"
+        return EngineUnauthorizedError(
+            self.name,
+            f"{method} {path} answered HTTP {response.status_code} ({response.text[:200]}): "
+            f"we sent {key}; pass the server's key (api_key=, --engine-api-key, "
+            "$ACTORSYS_API_KEY)",
+        )
 
     async def _probe(self, path: str) -> httpx.Response:
         """GET for a health check. A refused or broken connection raises
@@ -119,6 +135,39 @@ class HttpEngine:
             return [[int(t) for t in tokens] for tokens in token_lists(response.json())]
         except (ValueError, KeyError, TypeError) as exc:
             raise ProbeUnsupportedError(f"POST {path} answered no token ids: {exc!r}") from exc
+
+    async def _prefill_probe(
+        self, sequences: Sequence[Sequence[int]], *, max_tokens: int
+    ) -> list[list[float]]:
+        """The prefill probe's request: ``POST /v1/completions`` with the sequences as token
+        ids, ``echo`` and ``logprobs``, generating ``max_tokens`` (0 where the server allows
+        it); each sequence's ``token_logprobs`` after its first token. Raises
+        :class:`~actorsys.fleet.probe.ProbeUnsupportedError` for a 4xx or an answer without
+        them (the probe then asks for greedy tokens), :class:`EngineUnhealthyError` for
+        another error status."""
+        body = {"prompt": [list(s) for s in sequences], "max_tokens": max_tokens, "echo": True,
+                "logprobs": 1, "temperature": 0.0}
+        response = await self._until_answered("POST", "/v1/completions", json=body)
+        if 400 <= response.status_code < 500:
+            raise ProbeUnsupportedError(
+                f"POST /v1/completions with echo and logprobs answered HTTP "
+                f"{response.status_code}: {response.text[:200]}"
+            )
+        if response.status_code != 200:
+            raise self._unexpected("POST", "/v1/completions", response)
+        try:
+            choices = sorted(response.json()["choices"], key=lambda choice: choice["index"])
+            rows = []
+            for choice, sequence in zip(choices, sequences, strict=True):
+                values = choice["logprobs"]["token_logprobs"][1 : len(sequence)]
+                if len(values) != len(sequence) - 1:
+                    raise ValueError(f"{len(values)} log-probabilities for {len(sequence)} tokens")
+                rows.append([float(v) for v in values])
+            return rows
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
+            raise ProbeUnsupportedError(
+                f"POST /v1/completions answered no prompt log-probabilities: {exc!r}"
+            ) from exc
 
     async def _until_answered(
         self,

@@ -22,8 +22,8 @@ import anyio
 import httpx
 
 from actorsys._errors import ConfigError, ConfigTypeError
+from actorsys._tls import ssl_context
 from actorsys.contracts import EvalSkip
-from actorsys.fleet._tls import ssl_context
 
 RETRY_INITIAL_DELAY = 0.1
 RETRY_MAX_DELAY = 2.0

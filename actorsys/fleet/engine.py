@@ -17,7 +17,7 @@ import httpx
 import trio
 
 from actorsys._errors import ConfigError, ConfigTypeError
-from actorsys.fleet._tls import ssl_context
+from actorsys._tls import ssl_context
 from actorsys.fleet.completions import Completion, complete
 from actorsys.fleet.errors import (
     CheckpointRejectedError,
@@ -26,7 +26,15 @@ from actorsys.fleet.errors import (
     PinViolationError,
     on_all,
 )
-from actorsys.fleet.probe import Reference, WeightProbe, judge
+from actorsys.fleet.probe import (
+    Answer,
+    Reference,
+    ReferenceFailedError,
+    ReferenceSource,
+    WeightProbe,
+    judge,
+)
+from actorsys.fleet.reference import ReferenceWorker
 from actorsys.fleet.verdict import PinVerdict, ProbeCancelledError
 
 __all__ = [
@@ -96,9 +104,16 @@ class Fleet:
         self.router_url = router_url.rstrip("/") if router_url else None
         self.version: str | None = None
         self._probe = WeightProbe()
+        self._references = ReferenceWorker()
 
     def __repr__(self) -> str:
         return f"Fleet({[e.name for e in self.engines]}, router_url={self.router_url!r})"
+
+    async def aclose(self) -> None:
+        """Stop the fleet's own reference worker (the process that computes the probe's
+        reference for pins not given ``references=``), if it started one. The engines are
+        not touched. A later pin starts a fresh worker."""
+        await self._references.aclose()
 
     @property
     def urls(self) -> list[str]:
@@ -171,19 +186,25 @@ class Fleet:
         )
 
     async def pin(
-        self, path: str, version: str, *, retries: int = 0, probe: bool = True
+        self,
+        path: str,
+        version: str,
+        *,
+        retries: int = 0,
+        probe: bool = True,
+        references: ReferenceSource | None = None,
     ) -> None:
         """Pin every engine to the checkpoint at ``path``, labelled ``version``, and wait for
         the probe's verdict: :meth:`pin_and_verify`, returning only once the answers are
         judged. Raises what it raises, or its verdict's error (then ``version`` is None).
         Blocks on the engines and the reference; the caller's cancel scope bounds it
-        (``pin_timeout``), and cancelling abandons the reference thread."""
+        (``pin_timeout``), and cancelling kills the reference worker's computation."""
         failure: PinError | None = None
         try:
             async with trio.open_nursery() as nursery:
                 try:
                     verdict: PinVerdict = await nursery.start(
-                        self._pin_and_verify, path, version, retries, probe
+                        self._pin_and_verify, path, version, retries, probe, references
                     )
                 except PinError as exc:
                     failure = exc
@@ -201,6 +222,7 @@ class Fleet:
         *,
         retries: int = 0,
         probe: bool = True,
+        references: ReferenceSource | None = None,
         deadline: float = math.inf,
         task_status: trio.TaskStatus[PinVerdict] = trio.TASK_STATUS_IGNORED,
     ) -> None:
@@ -211,8 +233,9 @@ class Fleet:
         every engine; a mismatch is re-loaded up to ``retries`` times. With ``probe``, every
         engine then answers the weight probe (:mod:`actorsys.fleet.probe`). Then the fleet is
         pinned (``version`` set) and the start returns a :class:`PinVerdict`: an evaluation
-        may run on the fleet from here. The snapshot's reference, computed from ``path`` in a
-        worker thread since the loads began, is judged against the answers in ``nursery``
+        may run on the fleet from here. The snapshot's reference, computed from ``path`` by
+        ``references`` (default: the fleet's own reference worker, a process) since the loads
+        began, is judged against the answers in ``nursery``
         once it is ready, which settles the verdict: clean, or
         :class:`~actorsys.fleet.probe.WeightsMismatchError` (the right version, other
         weights). Before the start returns it raises :class:`EngineUnhealthyError`,
@@ -221,9 +244,12 @@ class Fleet:
         bounds the pin until the start returns; the judging, which outlives it, is bounded by
         the nursery's scope and by ``deadline`` (trio time; pass the pin's own deadline).
         Cut off, the verdict is :class:`~actorsys.fleet.verdict.ProbeCancelledError`; either
-        cancellation abandons the reference thread. Never raises after the start returned.
+        cancellation kills the reference's computation. A reference that failed leaves the
+        verdict clean with ``unverified`` saying why. Never raises after the start returned.
         """
-        await self._pin_and_verify(path, version, retries, probe, deadline, task_status)
+        await self._pin_and_verify(
+            path, version, retries, probe, references, deadline, task_status
+        )
 
     async def _pin_and_verify(
         self,
@@ -231,21 +257,23 @@ class Fleet:
         version: str,
         retries: int,
         probe: bool,
+        references: ReferenceSource | None = None,
         deadline: float = math.inf,
         task_status: trio.TaskStatus[PinVerdict] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         self.version = None
         verdict = PinVerdict(version)
+        source = references if references is not None else self._references
         probed = self._probe.probed(self.engines) if probe else []
         prompts = await self._probe.prompts(path) if probed else None
-        reference: Reference | None = None
-        answers: list[list[list[int]] | None] | None = None
+        reference: Reference | ReferenceFailedError | None = None
+        answers: list[Answer | None] | None = None
         failure: PinError | None = None
         started = False
 
         async def compute(prompts: list[list[int]]) -> None:
             nonlocal reference
-            reference = await self._probe.reference(path, prompts)
+            reference = await self._probe.reference(source, path, prompts)
 
         try:
             async with trio.open_nursery() as nursery:
@@ -273,7 +301,9 @@ class Fleet:
             raise failure
         if nursery.cancel_scope.cancelled_caught:
             verdict.settle(self._cut_off(version))
-        if reference is not None and answers is not None:
+        if isinstance(reference, ReferenceFailedError):
+            verdict.settle(None, unverified=f"the snapshot's reference failed: {reference}")
+        elif reference is not None and answers is not None:
             verdict.settle(judge(probed, answers, reference, version))
         verdict.settle(None)
 

@@ -32,6 +32,15 @@ class EngineUnhealthyError(PinError):
     reason = "unhealthy"
 
 
+class EngineUnauthorizedError(EngineUnhealthyError):
+    """A server refused our requests for want of the right API key (HTTP 401 or 403). It is
+    ``unhealthy`` with the server's message, and never waited on or retried: a key does not
+    become right by asking again, so no readiness wait (``ready_timeout``) or pin retry spends
+    its time on it."""
+
+    reason = "unhealthy"
+
+
 class PinViolationError(PinError):
     """An engine kept reporting a version other than the one it was asked to load."""
 

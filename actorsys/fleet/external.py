@@ -38,7 +38,7 @@ from actorsys.fleet._port import until_owned
 from actorsys.fleet._process import ManagedProcess, spawn
 from actorsys.fleet.embedded import API_KEY_ENV as ENGINE_API_KEY_ENV
 from actorsys.fleet.engine import Engine, Fleet
-from actorsys.fleet.errors import EngineUnhealthyError
+from actorsys.fleet.errors import EngineUnauthorizedError, EngineUnhealthyError
 from actorsys.fleet.flavor import FLAVORS, Flavor, engine_of_flavor
 from actorsys.fleet.local import free_port, new_api_key, on_host
 from actorsys.fleet.vllm_launch import EXTENSION_FLAG, vllm_launch
@@ -165,6 +165,8 @@ class ExternalServer:
         url = self.url
         try:
             return await engine_of_flavor(self.flavor, lambda flavor: self.make_engine(flavor, url))
+        except EngineUnauthorizedError:
+            raise
         except EngineUnhealthyError as exc:
             raise EngineUnhealthyError(url, f"neither an sglang server nor a vLLM server with "
                                             f"its weight-update endpoints ({exc}); pass flavor=") from exc
@@ -202,11 +204,14 @@ class ExternalServer:
 
     async def stop(self) -> None:
         """Stop a launched server (SIGTERM to its process group, SIGKILL after ``grace``) and
-        remove its log; forget the fleet. Shielded: returns within about twice ``grace`` even
-        when cancelled. An attached server is only forgotten."""
+        remove its log; forget the fleet, killing its reference worker. Shielded: returns
+        within about twice ``grace`` even when cancelled. An attached server is only
+        forgotten."""
         process, self.process = self.process, None
-        self._fleet = None
+        fleet, self._fleet = self._fleet, None
         self._ready_deadline = None
+        if fleet is not None:
+            await fleet.aclose()
         if process is not None:
             await process.stop(self.grace)
             log.info("stopped the server %s (status %s)", process.name, process.returncode)
@@ -255,11 +260,15 @@ class ExternalServer:
 
 async def _until_ok(call: Callable[[], Awaitable[T]]) -> T:
     """``await call()`` until it does not raise :class:`EngineUnhealthyError` (a server still
-    starting refuses connections); the caller's cancel scope bounds it."""
+    starting refuses connections); the caller's cancel scope bounds it. A server that
+    refuses our key (:class:`EngineUnauthorizedError`) is not waited on: that raises at
+    once."""
     delay = POLL_INITIAL_DELAY
     while True:
         try:
             return await call()
+        except EngineUnauthorizedError:
+            raise
         except EngineUnhealthyError as exc:
             log.debug("server not ready: %s", exc)
         await trio.sleep(delay)

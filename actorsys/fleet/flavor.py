@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Literal, TypeVar
 
 from actorsys.fleet.engine import Engine, EngineUnhealthyError
+from actorsys.fleet.errors import EngineUnauthorizedError
 
 Flavor = Literal["auto", "vllm", "sglang"]
 FLAVORS: tuple[Flavor, ...] = ("auto", "vllm", "sglang")
@@ -23,7 +24,9 @@ async def engine_of_flavor(flavor: Flavor, make: Callable[[Literal["vllm", "sgla
 
     Blocks on at most two requests, bounded by the clients' own timeouts and the caller's
     cancel scope. Raises :class:`~actorsys.fleet.EngineUnhealthyError` (from the vLLM client)
-    when the server answers neither.
+    when the server answers neither, and the sglang client's
+    :class:`~actorsys.fleet.errors.EngineUnauthorizedError` at once when the server refuses
+    our key.
     """
     if flavor != "auto":
         return make(flavor)
@@ -31,6 +34,8 @@ async def engine_of_flavor(flavor: Flavor, make: Callable[[Literal["vllm", "sgla
     try:
         await sglang.weight_version()
         return sglang
+    except EngineUnauthorizedError:
+        raise
     except EngineUnhealthyError:
         vllm = make("vllm")
         await vllm.weight_version()

@@ -47,9 +47,9 @@ import httpx
 import trio
 
 from actorsys._errors import ActorsysError, ConfigError
+from actorsys._tls import ssl_context
 from actorsys.fleet._port import held_listener, until_owned
 from actorsys.fleet._process import ManagedProcess, spawn
-from actorsys.fleet._tls import ssl_context
 from actorsys.fleet.embedded import API_KEY_ENV as ENGINE_API_KEY_ENV
 from actorsys.fleet.engine import Engine, Fleet
 from actorsys.fleet.sglang import SGLangEngine

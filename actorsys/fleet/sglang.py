@@ -117,6 +117,13 @@ class SGLangEngine(HttpEngine):
             "serve with an sglang version that has /model_info or /get_weight_version",
         )
 
+    async def prompt_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        """The prefill probe: ``POST /v1/completions`` with ``echo``, ``logprobs`` and
+        ``max_tokens`` 0 (one forward pass on the embedded engine). Raises
+        :class:`~actorsys.fleet.probe.ProbeUnsupportedError` where the server cannot answer
+        it (the probe then asks :meth:`greedy_tokens`)."""
+        return await self._prefill_probe(sequences, max_tokens=0)
+
     async def greedy_tokens(
         self, prompts: Sequence[Sequence[int]], max_tokens: int
     ) -> list[list[int]]:

@@ -14,9 +14,15 @@ fleet awaits the verdict before trusting any score taken on it::
 
 from __future__ import annotations
 
+from typing import Any
+
 import trio
 
 from actorsys.fleet.errors import PinError
+
+UNVERIFIED_KEY = "weight_probe"
+"""The key of an evaluation's data that says the probe could not check its weights, and why
+(:attr:`PinVerdict.unverified`)."""
 
 
 class ProbeCancelledError(PinError):
@@ -36,22 +42,40 @@ class PinVerdict:
     def __init__(self, version: str) -> None:
         self.version = version
         self.error: PinError | None = None
+        self.unverified: str | None = None
+        """Why the weights went unchecked this time though the probe was on (the snapshot's
+        reference failed: the worker crashed or ran out of memory); None otherwise. The
+        verdict is then clean, and whoever records the point says so in its data."""
         self._settled = trio.Event()
 
     def __repr__(self) -> str:
         state = "pending" if not self.settled else f"error={self.error!r}"
+        if self.unverified is not None:
+            state += f", unverified={self.unverified!r}"
         return f"PinVerdict({self.version!r}, {state})"
 
     @property
     def settled(self) -> bool:
         return self._settled.is_set()
 
-    def settle(self, error: PinError | None) -> None:
+    def settle(self, error: PinError | None, *, unverified: str | None = None) -> None:
         """Record the verdict (None: the engines serve the snapshot, as far as the probe can
-        tell) and wake every waiter. Only the first call counts."""
+        tell; with ``unverified``, the probe could not tell, and why) and wake every waiter.
+        Only the first call counts."""
         if not self.settled:
             self.error = error
+            self.unverified = unverified
             self._settled.set()
+
+    def annotate(self, data: Any) -> Any:
+        """``data`` (an evaluation's output data) with :data:`UNVERIFIED_KEY` saying why the
+        weights went unchecked, where they did; ``data`` itself otherwise."""
+        if self.unverified is None:
+            return data
+        note = f"not checked (the pin checked the version only): {self.unverified}"
+        if not isinstance(data, dict):
+            data = {"data": data}
+        return {**data, UNVERIFIED_KEY: note}
 
     async def wait(self) -> None:
         """Block until the verdict is known; raise its error, if any. Cancellable; the pin

@@ -139,6 +139,13 @@ class VLLMEngine(HttpEngine):
         version = json_object(response).get("weight_version")
         return None if version is None else str(version)
 
+    async def prompt_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        """The prefill probe: ``POST /v1/completions`` with ``echo``, ``logprobs`` and
+        ``max_tokens`` 1 (vLLM generates at least one token; its log-probability is left
+        out). Raises :class:`~actorsys.fleet.probe.ProbeUnsupportedError` where the server
+        cannot answer it (the probe then asks :meth:`greedy_tokens`)."""
+        return await self._prefill_probe(sequences, max_tokens=1)
+
     async def greedy_tokens(
         self, prompts: Sequence[Sequence[int]], max_tokens: int
     ) -> list[list[int]]:

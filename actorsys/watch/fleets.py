@@ -13,6 +13,7 @@ from functools import partial
 import trio
 
 from actorsys.fleet.engine import EngineUnhealthyError, Fleet
+from actorsys.fleet.errors import EngineUnauthorizedError
 from actorsys.fleet.flavor import Flavor, engine_of_flavor
 from actorsys.fleet.local import VLLM_PYTHON, EngineSpec, LocalFleet, embedded, vllm
 from actorsys.fleet.sglang import SGLangEngine
@@ -81,6 +82,8 @@ async def engine_for_url(
 
     try:
         return await engine_of_flavor(flavor, make)
+    except EngineUnauthorizedError:
+        raise
     except EngineUnhealthyError as exc:
         raise EngineUnhealthyError(
             name, f"{url} speaks neither sglang's API nor vLLM's weight-update endpoints ({exc}); "

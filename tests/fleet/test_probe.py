@@ -5,6 +5,7 @@ way to probe at all."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Sequence
@@ -17,17 +18,20 @@ import trio
 import trio.testing
 
 from actorsys import EvalConfig, EvalSupervisor, Fleet, MemorySink, SGLangEngine
-from actorsys.fleet import probe as probe_module
 from actorsys.fleet.embedded.model import ModelHost
 from actorsys.fleet.embedded.server import EmbeddedEngine
 from actorsys.fleet.probe import (
     PROBE_TOKENS,
+    PrefillAnswer,
     Reference,
     WeightsMismatchError,
     compute_reference,
     first_disagreement,
+    prefill_disagreement,
     probe_prompts,
+    reference_from_logits,
 )
+from actorsys.fleet.reference import ReferenceWorker
 from tests.fakes import FakeEngine, RecordingEval
 from tests.fleet.conftest import Recorder, TinyModels
 from tests.models import make_model, make_snapshot
@@ -100,9 +104,13 @@ async def test_engine_labelling_the_new_version_over_its_old_weights_is_a_pin_vi
     assert await liar.weight_version() == "1"
     base = await trio.to_thread.run_sync(compute_reference, str(tiny.base))
     step1 = await trio.to_thread.run_sync(compute_reference, str(tiny.step1))
-    assert error.answer == base.tokens and error.reference == step1.tokens
+    # The embedded engine answers the prefill probe: the log-probabilities of the fixed
+    # continuation, here its old weights' (the base's), against the snapshot's.
+    assert error.prefill and error.reference == step1.prefill
+    assert error.answer == [pytest.approx(row, abs=1e-3) for row in base.prefill]
     assert error.gap > error.margin
-    assert str(error.answer[error.prompt]) in str(error) and str(error.reference[error.prompt]) in str(error)
+    rounded = [round(v, 2) for v in error.reference[error.prompt]]
+    assert f"probe sequence {error.prompt}" in str(error) and str(rounded) in str(error)
     assert fleet.version is None
 
 
@@ -184,13 +192,8 @@ async def test_server_without_generate_is_checked_by_version_and_logged_once(
 
 def synthetic_reference(rows: list[list[float]]) -> Reference:
     """One prompt whose snapshot logits at position ``i`` are ``rows[i]`` (margin 0.5)."""
-    logits = torch.tensor([rows])
-    return Reference(
-        prompts=[[0]],
-        tokens=[[int(row.argmax()) for row in logits[0]]],
-        logprobs=torch.log_softmax(logits, dim=-1),
-        margins=[[0.5] * len(rows)],
-    )
+    reference = reference_from_logits([[0]], torch.tensor([rows]))
+    return dataclasses.replace(reference, margins=[[0.5] * len(rows)])
 
 
 def test_a_near_tie_taken_the_other_way_ends_the_comparison_of_that_prompt() -> None:
@@ -242,12 +245,12 @@ async def test_pin_deadline_abandons_a_reference_still_computing(
 ) -> None:
     entered, release = threading.Event(), threading.Event()
 
-    def stuck(path: str, prompts: object = None) -> Reference:
+    async def stuck(self: ReferenceWorker, path: str, prompts: object = None) -> Reference:
         entered.set()
-        release.wait()
+        await trio.to_thread.run_sync(release.wait, abandon_on_cancel=True)
         raise AssertionError("abandoned: nobody reads this")
 
-    monkeypatch.setattr(probe_module, "compute_reference", stuck)
+    monkeypatch.setattr(ReferenceWorker, "compute", stuck)
     fleet = Fleet([OtherWeightsEngine("engine", serves=tiny.step1)])
     deadline = trio.move_on_after(30)
 
@@ -264,3 +267,19 @@ async def test_pin_deadline_abandons_a_reference_still_computing(
         assert deadline.cancelled_caught and fleet.version is None
     finally:
         release.set()
+
+
+def test_a_prefill_answer_fails_only_where_most_positions_differ_beyond_their_margin() -> None:
+    reference = dataclasses.replace(
+        synthetic_reference([[1.0, 0.0]]),
+        prefill=[[-1.0, -2.0, -3.0, -4.0, -5.0]],
+        prefill_margins=[[0.5] * 5],
+    )
+    near = PrefillAnswer([[-1.1, -2.2, -2.9, -4.4, -5.0]])
+    one_outlier = PrefillAnswer([[-1.0, -2.0, -9.0, -4.0, -5.0]])
+    other_weights = PrefillAnswer([[-3.0, -0.5, -6.0, -4.0, -1.0]])
+    assert prefill_disagreement(reference, near) is None
+    assert prefill_disagreement(reference, one_outlier) is None
+    found = prefill_disagreement(reference, other_weights)
+    assert found is not None and found[:2] == (0, 4) and found[2] == pytest.approx(4.0)
+    assert prefill_disagreement(reference, PrefillAnswer([[-1.0, -2.0]])) is not None

@@ -22,8 +22,8 @@ from actorsys import (
     RolloutFnEvalInput,
     RolloutFnEvalOutput,
 )
-from actorsys.fleet import probe as probe_module
 from actorsys.fleet.probe import Reference, WeightsMismatchError, compute_reference
+from actorsys.fleet.reference import ReferenceWorker
 from actorsys.fleet.verdict import PinVerdict, ProbeCancelledError
 from tests.fakes import FakeEngine
 from tests.fleet.conftest import TinyModels
@@ -69,14 +69,16 @@ class ReleasesTheReference(CheckpointEvalFn):
 
 @pytest.fixture
 def gate(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
-    """Holds every reference back until set (and sets it when the test ends)."""
+    """Holds every reference back until set (and sets it when the test ends); the reference
+    itself is the worker process's."""
     release = threading.Event()
+    compute = ReferenceWorker.compute
 
-    def held(path: str, prompts: list[list[int]] | None = None) -> Reference:
-        release.wait()
-        return compute_reference(path, prompts)
+    async def held(self: ReferenceWorker, path: str, prompts: list[list[int]]) -> Reference:
+        await trio.to_thread.run_sync(release.wait, abandon_on_cancel=True)
+        return await compute(self, path, prompts)
 
-    monkeypatch.setattr(probe_module, "compute_reference", held)
+    monkeypatch.setattr(ReferenceWorker, "compute", held)
     yield release
     release.set()
 

@@ -8,7 +8,8 @@ fails or the point is dropped. So a fleet is never pinned while an evaluation ru
 
 A pin is done, and the point goes on to be evaluated, once every engine reads the version
 back and has answered the weight probe. The probe's verdict (the answers judged against the
-snapshot's own, computed in a worker thread) is the pinner's to deliver: it runs in the
+snapshot's own, computed by the supervisor's one reference worker, a process the pinner
+starts at its first probe and kills when its loop ends) is the pinner's to deliver: it runs in the
 pinner's nursery of verdicts, within the point's pin deadline, and reaches the point's holder
 through the lease (``FleetLease.verdict``). So nothing the reference costs delays the
 evaluation, and the point still settles only after the verdict.
@@ -28,6 +29,7 @@ from actorsys._core.flight import Flight
 from actorsys._core.point import FleetLease, Point, State, Ticket
 from actorsys.config import EvalConfig
 from actorsys.fleet import Fleet, PinError
+from actorsys.fleet.reference import ReferenceWorker
 from actorsys.fleet.verdict import PinVerdict
 from actorsys.outcome import PIN_TIME_SECONDS
 
@@ -53,20 +55,25 @@ class FleetPinner(SequentialStage):
         self._idle = idle
         self._returns = returns
         self._verdicts: trio.Nursery | None = None
+        self._references = ReferenceWorker()
 
     async def run(
         self, inbox: trio.MemoryReceiveChannel[Point], onward: trio.MemorySendChannel[Point]
     ) -> None:
         """The stage's loop, beside the nursery where the verdicts of its pins settle: a
-        normal end waits for them (each within its pin deadline), a crash cancels them."""
+        normal end waits for them (each within its pin deadline), a crash cancels them.
+        Whatever the end, the reference worker is killed."""
         crash: Exception | None = None
-        async with trio.open_nursery() as verdicts:
-            self._verdicts = verdicts
-            try:
-                await super().run(inbox, onward)
-            except Exception as exc:
-                crash = exc
-                verdicts.cancel_scope.cancel()
+        try:
+            async with trio.open_nursery() as verdicts:
+                self._verdicts = verdicts
+                try:
+                    await super().run(inbox, onward)
+                except Exception as exc:
+                    crash = exc
+                    verdicts.cancel_scope.cancel()
+        finally:
+            await self._references.aclose()
         if crash is not None:
             raise crash
 
@@ -98,6 +105,7 @@ class FleetPinner(SequentialStage):
                         version,
                         retries=config.pin_retries,
                         probe=config.probe,
+                        references=self._references,
                         deadline=deadline,
                     )
                 )

@@ -102,6 +102,11 @@ class EvalRunner(Stage):
                 await verdict.wait()
             except PinError as exc:
                 return Skip(exc.reason, f"{exc} (the evaluation's result is discarded)")
+            if verdict.unverified is not None and isinstance(result, Done):
+                output = result.point.output
+                assert output is not None
+                noted = RolloutFnEvalOutput(verdict.annotate(output.data), output.metrics)
+                return Done(result.point.but(output=noted))
         return result
 
     async def _run_eval(self, point: Point) -> Result:
@@ -124,3 +129,4 @@ class EvalRunner(Stage):
             kind = type(result).__name__
             return Skip("crashed", f"eval fn returned {kind}, not RolloutFnEvalOutput")
         return Done(point.but(output=result))
+

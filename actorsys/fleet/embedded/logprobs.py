@@ -32,14 +32,23 @@ def at_position(logits: torch.Tensor, token_id: int, k: int) -> TokenLogprob:
 
 def score_prompt(model: Any, ids: Sequence[int], k: int) -> list[TokenLogprob]:
     """The log-probability of every token of ``ids`` given those before it, one forward pass."""
-    inputs = torch.tensor([list(ids)], dtype=torch.long)
-    logits = model(input_ids=inputs, attention_mask=torch.ones_like(inputs)).logits[0]
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
-    scored = [TokenLogprob(int(ids[0]), None, ())]
-    for position in range(1, len(ids)):
-        row = logprobs[position - 1]
-        scored.append(TokenLogprob(int(ids[position]), float(row[ids[position]]), _top(row, k)))
-    return scored
+    return score_prompts(model, [ids], k)[0]
+
+
+def score_prompts(model: Any, prompts: Sequence[Sequence[int]], k: int) -> list[list[TokenLogprob]]:
+    """:func:`score_prompt` of prompts of one length, in one batched forward pass (the weight
+    probe asks for several at once)."""
+    inputs = torch.tensor([list(ids) for ids in prompts], dtype=torch.long)
+    logits = model(input_ids=inputs, attention_mask=torch.ones_like(inputs)).logits
+    results = []
+    for ids, row_logits in zip(prompts, logits, strict=True):
+        logprobs = torch.log_softmax(row_logits.float(), dim=-1)
+        scored = [TokenLogprob(int(ids[0]), None, ())]
+        for position in range(1, len(ids)):
+            row = logprobs[position - 1]
+            scored.append(TokenLogprob(int(ids[position]), float(row[ids[position]]), _top(row, k)))
+        results.append(scored)
+    return results
 
 
 def _top(logprobs: torch.Tensor, k: int) -> tuple[tuple[int, float], ...]:

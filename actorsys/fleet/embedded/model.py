@@ -25,7 +25,7 @@ from actorsys.fleet.checkpoint import (
     read_tensor_infos,
     weight_files,
 )
-from actorsys.fleet.embedded.logprobs import TokenLogprob, at_position, score_prompt
+from actorsys.fleet.embedded.logprobs import TokenLogprob, at_position, score_prompts
 from actorsys.fleet.model_load import load_causal_lm
 
 INITIAL_VERSION = "default"
@@ -148,15 +148,19 @@ class ModelHost:
     @torch.inference_mode()
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """Continue every request in one left-padded batch with a shared KV cache; score the
-        prompts of ``echo`` requests that ask for ``logprobs``, each alone."""
+        prompts of ``echo`` requests that ask for ``logprobs``, one forward pass for those of
+        one length and top-k."""
         if not requests:
             return []
-        prompt_logprobs = [
-            score_prompt(self.model, r.input_ids, r.logprobs)
-            if r.echo and r.logprobs is not None
-            else None
-            for r in requests
-        ]
+        prompt_logprobs: list[list[TokenLogprob] | None] = [None] * len(requests)
+        groups: dict[tuple[int, int], list[int]] = {}
+        for index, r in enumerate(requests):
+            if r.echo and r.logprobs is not None:
+                groups.setdefault((len(r.input_ids), r.logprobs), []).append(index)
+        for (_, k), members in groups.items():
+            scored = score_prompts(self.model, [requests[i].input_ids for i in members], k)
+            for index, one in zip(members, scored, strict=True):
+                prompt_logprobs[index] = one
         outputs, reasons, output_logprobs = self._continue(requests)
         return [
             GenerationResult(
