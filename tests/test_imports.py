@@ -20,7 +20,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"config", "contracts", "staging"}),
     frozenset({"outcome", "snapshot", "fleet", "sinks", "sinks_fanout", "sinks_tensorboard",
                "sinks_wandb", "metrics_file"}),
-    frozenset({"evals", "_core"}),
+    frozenset({"evals", "_core", "actors"}),
     frozenset({"supervisor", "__init__"}),
     frozenset({"watch", "integrations", "demo", "bridge"}),
     frozenset({"cli"}),
