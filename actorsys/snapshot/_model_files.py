@@ -1,7 +1,7 @@
 """The files of a Hugging Face checkpoint besides the weights' bytes, as ``save_pretrained``
-names them, and writing them durably: the non-weight files of a base checkpoint copied, a text
-file written, a tree fsync'd. Shared by the writer of a plain model (``_write``) and the one of
-a sharded model (``_sharded``).
+names them, and writing them durably: the model files besides the weights, the non-weight files
+of a base checkpoint copied, a text file written, a tree fsync'd. Shared by the writer of a
+plain model (``_write``) and the one of a sharded model (``_sharded``).
 """
 
 from __future__ import annotations
@@ -9,6 +9,10 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from actorsys.snapshot._capture import CapturedWeights
 
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
@@ -72,3 +76,19 @@ def _write_text(path: str, text: str) -> None:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
+
+
+def write_model_files(
+    weights: CapturedWeights, directory: str, base_checkpoint: str | None
+) -> None:
+    """What ``save_pretrained`` writes besides the weights (the config, the generation config,
+    the non-weight files of ``base_checkpoint``), for a plain and a sharded model alike."""
+    own = {CONFIG_NAME} if weights.config is not None else set()
+    if weights.generation_config is not None:
+        own.add(GENERATION_CONFIG_NAME)
+    if base_checkpoint is not None:
+        copy_non_weight_files(base_checkpoint, directory, skip=own)
+    if weights.config is not None:
+        weights.config.save_pretrained(directory)
+    if weights.generation_config is not None:
+        weights.generation_config.save_pretrained(directory)

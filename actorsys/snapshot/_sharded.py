@@ -43,13 +43,11 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 
 from actorsys.snapshot import _conversions
 from actorsys.snapshot._model_files import (
-    CONFIG_NAME,
-    GENERATION_CONFIG_NAME,
     INDEX_NAME,
     SHARD_PATTERN,
     _write_text,
-    copy_non_weight_files,
     fsync_tree,
+    write_model_files,
 )
 from actorsys.snapshot._safetensors import CHUNK_BYTES, file_header, raw_bytes
 from actorsys.snapshot._tensors import StatePlan, _check_entry, _tied_patterns, aligned, tensor_nbytes
@@ -270,7 +268,7 @@ def write_sharded_snapshot(
     try:
         if weights.resolve_converter() is not None:
             raise ValueError(_converted(weights.converter))
-        _write_model_files(weights, directory, base_checkpoint)
+        write_model_files(weights, directory, base_checkpoint)
         layout = file_layout(
             sharding, max_shard_size=max_shard_size, num_parameters=weights.num_parameters
         )
@@ -293,21 +291,6 @@ def write_sharded_snapshot(
     except BaseException as exc:
         handover.abandon(f"{type(exc).__name__}: {exc}")
         raise
-
-
-def _write_model_files(
-    weights: CapturedWeights, directory: str, base_checkpoint: str | None
-) -> None:
-    """What ``save_pretrained`` writes besides the weights, as for a plain model."""
-    own = {CONFIG_NAME} if weights.config is not None else set()
-    if weights.generation_config is not None:
-        own.add(GENERATION_CONFIG_NAME)
-    if base_checkpoint is not None:
-        copy_non_weight_files(base_checkpoint, directory, skip=own)
-    if weights.config is not None:
-        weights.config.save_pretrained(directory)
-    if weights.generation_config is not None:
-        weights.generation_config.save_pretrained(directory)
 
 
 def write_pieces(

@@ -20,14 +20,12 @@ from huggingface_hub import split_state_dict_into_shards_factory
 
 from actorsys.snapshot._capture import CapturedWeights, WeightsReleasedError
 from actorsys.snapshot._model_files import (
-    CONFIG_NAME,
     DEFAULT_MAX_SHARD_SIZE,
-    GENERATION_CONFIG_NAME,
     INDEX_NAME,
     SHARD_PATTERN,
     _write_text,
-    copy_non_weight_files,
     fsync_tree,
+    write_model_files,
 )
 from actorsys.snapshot._safetensors import write_file
 from actorsys.snapshot._sharded import write_sharded_snapshot
@@ -66,17 +64,7 @@ def write_snapshot(
 def _write(
     weights: CapturedWeights, directory: str, base_checkpoint: str | None, max_shard_size: int
 ) -> None:
-    own_files = set()
-    if weights.config is not None:
-        own_files.add(CONFIG_NAME)
-    if weights.generation_config is not None:
-        own_files.add(GENERATION_CONFIG_NAME)
-    if base_checkpoint is not None:
-        copy_non_weight_files(base_checkpoint, directory, skip=own_files)
-    if weights.config is not None:
-        weights.config.save_pretrained(directory)
-    if weights.generation_config is not None:
-        weights.generation_config.save_pretrained(directory)
+    write_model_files(weights, directory, base_checkpoint)
     weights.finish()
     tensors: Mapping[str, torch.Tensor] = weights.tensors
     converter = weights.resolve_converter()
