@@ -9,6 +9,7 @@ from actorsys._errors import (
     SupervisorClosedError,
     SupervisorGaveUpError,
     UnsupportedModelError,
+    WatchOutInUseError,
 )
 from actorsys.config import EvalConfig
 from actorsys.contracts import (
@@ -85,6 +86,7 @@ __all__ = [
     "UnsupportedModelError",
     "VLLMEngine",
     "WandbSink",
+    "WatchOutInUseError",
     "datasets_from_args",
     "load_eval_config",
     "score",

@@ -11,9 +11,14 @@ One root, a flat set of precise meanings; each error carries its context as attr
     │   ├── UnsupportedModelError (snapshot) a model in a form its weights cannot be copied
     │   │                         from (FSDP1, ZeRO-3, quantized); ``form`` names it
     │   ├── WatchOutInUseError    (watch.lock) another watch holds its OUT: ``path``, ``pid``
-    │   └── UnsafePathError       (_files) a file of ours is a link, not a regular file,
-    │                             another user's, or in a directory every user may write:
-    │                             ``path``
+    │   ├── UnsafePathError       (_files) a file of ours is a link, not a regular file,
+    │   │                         another user's, or in a directory every user may write:
+    │   │                         ``path``
+    │   ├── DatasetError          (evals.datasets) a dataset file or eval config is
+    │   │                         unusable: ``path``, ``line``, ``key``
+    │   └── ChatTemplateMissingError
+    │                             (fleet.chat_template) the snapshot's tokenizer has no chat
+    │                             template: ``path``; skips with ``no_chat_template``
     ├── SubmitError             (also a ValueError) a submit call was malformed; ``step``;
     │   │                         nothing changed
     │   └── DuplicateStepError    the step was already submitted
@@ -41,14 +46,23 @@ One root, a flat set of precise meanings; each error carries its context as attr
     │                           this time; reported on its point, asked again next pin
     ├── CheckpointMismatchError (also a ValueError; fleet.checkpoint) a checkpoint does not
     │                           match the served model: ``path``
-    ├── FleetStartError         (also a RuntimeError; fleet.local) an engine of a local fleet
-    │                           did not come up
+    ├── FleetStartError         (also a RuntimeError; fleet.local) an engine of a local or
+    │                           Ray fleet did not come up
+    ├── ProbeUnsupportedError   (fleet.probe) the engine cannot answer a token probe: the pin
+    │                           checks the version only
+    ├── ReferenceUnavailableError
+    │                           (fleet.probe) the snapshot cannot give the probe's answer:
+    │                           the pin checks the version only
+    ├── RemoteRewardError       (evals.remote_rm) a reward server gave no usable reward for
+    │                           one answer: it scores 0, counted
     ├── PeerGoneError           (_core.collective) another rank of a torch.distributed job
     │                           did not answer within ``collective_timeout``; settles a point
     │                           as a skip, never raised to the trainer
     ├── BadRequest              (also a ValueError; fleet.embedded) a request the embedded
     │   │                         engine refuses, HTTP ``status`` 400; the message names the field
     │   └── BodyTooLarge          a body over the engine's limit, HTTP 413
+    ├── GenerationFailed        (also a RuntimeError; fleet.embedded.server) the model raised
+    │                           while generating a batch, HTTP 500
     └── WeightsReleasedError    (also a RuntimeError; snapshot) captured weights were read
                                 after their release
 

@@ -24,8 +24,8 @@ from actorsys import (
     staging,
 )
 from actorsys._core import supervisor
-from actorsys._core.actors import exporter
 from actorsys._core.staging_claim import LOCK_NAME
+from actorsys.actors import exporter
 from actorsys.snapshot import _write, capture
 from actorsys.supervisor import SubmitRequest
 

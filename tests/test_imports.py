@@ -20,7 +20,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"config", "contracts", "staging"}),
     frozenset({"outcome", "snapshot", "fleet", "sinks", "sinks_fanout", "sinks_tensorboard",
                "sinks_wandb", "metrics_file"}),
-    frozenset({"evals", "_core"}),
+    frozenset({"evals", "_core", "actors"}),
     frozenset({"supervisor", "__init__"}),
     frozenset({"watch", "integrations", "demo", "bridge"}),
     frozenset({"cli"}),
@@ -52,33 +52,30 @@ def _is_type_checking(node: ast.If) -> bool:
     )
 
 
-def _statements(body: list[ast.stmt], *, module_level: bool) -> Iterator[ast.Import | ast.ImportFrom]:
-    """The import statements of ``body``; with ``module_level``, those that run when the module
-    is imported (not in functions, not under ``if TYPE_CHECKING:``, which never runs and so can
-    form no import cycle)."""
+def _statements(body: list[ast.stmt], *, type_checking: bool) -> Iterator[ast.Import | ast.ImportFrom]:
+    """The import statements of ``body``, wherever they stand (in functions and classes too: an
+    import a function makes is still a dependency); without ``type_checking``, not those under
+    ``if TYPE_CHECKING:``, which never runs and so can form no import cycle."""
     for node in body:
         if isinstance(node, ast.Import | ast.ImportFrom):
             yield node
-        elif isinstance(node, ast.If) and module_level and _is_type_checking(node):
+        elif isinstance(node, ast.If) and not type_checking and _is_type_checking(node):
             continue
-        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) and module_level:
-            if isinstance(node, ast.ClassDef):
-                yield from _statements(node.body, module_level=True)
         else:
             for field in ("body", "orelse", "finalbody", "handlers"):
                 children = getattr(node, field, None)
                 if isinstance(children, list):
                     stmts = [c for c in children if isinstance(c, ast.stmt)]
                     stmts += [s for h in children if isinstance(h, ast.ExceptHandler) for s in h.body]
-                    yield from _statements(stmts, module_level=module_level)
+                    yield from _statements(stmts, type_checking=type_checking)
 
 
-def imports(name: str, *, module_level: bool) -> set[str]:
+def imports(name: str, *, type_checking: bool) -> set[str]:
     """The actorsys and bridge modules ``name`` imports (``from pkg import sub`` names ``sub``)."""
     path = MODULES[name]
     is_package = path.name == "__init__.py"
     found = set()
-    for node in _statements(ast.parse(path.read_text()).body, module_level=module_level):
+    for node in _statements(ast.parse(path.read_text()).body, type_checking=type_checking):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         else:
@@ -150,7 +147,7 @@ def test_bridge_imports_no_private_actorsys_module() -> None:
         (name, target)
         for name in MODULES
         if name.startswith("bridge")
-        for target in imports(name, module_level=False)
+        for target in imports(name, type_checking=True)
         if target.startswith("actorsys") and any(p.startswith("_") for p in target.split("."))
     }
     assert private == set()
@@ -160,19 +157,40 @@ def test_no_module_imports_one_of_a_higher_layer() -> None:
     upward = {
         f"{name} -> {target}"
         for name in MODULES
-        for target in imports(name, module_level=False)
+        for target in imports(name, type_checking=True)
         if layer(target) > layer(name)
     }
     assert upward == set()
 
 
 def test_no_import_cycle_between_modules() -> None:
-    graph = {name: imports(name, module_level=True) for name in MODULES}
+    graph = {name: imports(name, type_checking=False) for name in MODULES}
     assert cycles(graph) == []
 
 
 def test_the_cycle_check_finds_a_cycle_through_a_third_module() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_cycle_check_reads_imports_in_functions_but_not_under_type_checking() -> None:
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    import never_run\n"
+        "def f():\n"
+        "    try:\n"
+        "        from in_function import x\n"
+        "    except ImportError:\n"
+        "        import in_handler\n"
+        "class C:\n"
+        "    import in_class\n"
+    )
+    found = {
+        alias.name if isinstance(node, ast.Import) else node.module
+        for node in _statements(ast.parse(source).body, type_checking=False)
+        for alias in node.names
+    }
+    assert found == {"typing", "in_function", "in_handler", "in_class"}
 
 
 @pytest.mark.timeout(60)

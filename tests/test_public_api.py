@@ -1,5 +1,6 @@
 import importlib
 import pkgutil
+import re
 from types import ModuleType
 
 import pytest
@@ -47,6 +48,7 @@ EXPECTED = {
     "UnsupportedModelError",
     "VLLMEngine",
     "WandbSink",
+    "WatchOutInUseError",
     "datasets_from_args",
     "load_eval_config",
     "score",
@@ -111,6 +113,15 @@ def test_every_exported_error_has_the_one_root() -> None:
         if not issubclass(error, actorsys.ActorsysError)
     )
     assert unrooted == []
+
+
+def test_every_exported_error_is_drawn_in_the_tree() -> None:
+    tree = importlib.import_module("actorsys._errors").__doc__ or ""
+    drawn = {"ActorsysError", *re.findall(r"[└├]── (\w+)", tree)}
+    undrawn = sorted(
+        name for name, error in public_exceptions().items() if error.__name__ not in drawn
+    )
+    assert undrawn == []
 
 
 def test_every_error_with_a_skip_reason_spells_it_reason() -> None:

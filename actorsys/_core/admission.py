@@ -15,11 +15,11 @@ from dataclasses import dataclass
 import trio
 
 from actorsys import staging
-from actorsys._core.actors.retirer import Retirer
 from actorsys._core.flight import Flight
 from actorsys._core.point import Point, State
 from actorsys._core.submit import SubmitRequest, check_submit
 from actorsys._errors import SupervisorClosedError, SupervisorGaveUpError
+from actorsys.actors.retirer import Retirer
 from actorsys.config import EvalConfig
 from actorsys.runtime import ThreadTracker, run_blocking
 from actorsys.snapshot import BufferLease, BufferPool, CapturedWeights, StatePlan

@@ -15,9 +15,9 @@ from typing import Any
 
 import trio
 
-from actorsys._core.actors.stage import within
 from actorsys._core.point import State
 from actorsys._core.wiring import Wiring
+from actorsys.actors.stage import within
 from actorsys.contracts import CheckpointEvalFn
 from actorsys.outcome import CloseReport, DrainReport
 from actorsys.runtime import run_blocking

@@ -23,15 +23,15 @@ from typing import Any
 
 import trio
 
-from actorsys._core.actors.exporter import Exporter
-from actorsys._core.actors.pinner import FleetPinner, fleet_pool
-from actorsys._core.actors.retirer import Retirer
-from actorsys._core.actors.runner import EvalInvoker, EvalRunner
-from actorsys._core.actors.stage import Stage
 from actorsys._core.admission import Admission
 from actorsys._core.flight import Flight
 from actorsys._core.point import Point
 from actorsys._errors import ConfigError
+from actorsys.actors.exporter import Exporter
+from actorsys.actors.pinner import FleetPinner, fleet_pool
+from actorsys.actors.retirer import Retirer
+from actorsys.actors.runner import EvalInvoker, EvalRunner
+from actorsys.actors.stage import Stage
 from actorsys.config import EvalConfig
 from actorsys.contracts import RUNTIMES
 from actorsys.fleet import Fleet

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from actorsys._errors import ConfigTypeError
 from actorsys.config import require_seconds
 from actorsys.contracts import CheckpointEvalFn, RolloutFnEvalInput, RolloutFnEvalOutput
 from actorsys.evals.datasets import EvalDataset
@@ -58,9 +59,10 @@ class DatasetEval(CheckpointEvalFn):
         self, checkpoint_dir: str, input: RolloutFnEvalInput  # noqa: A002
     ) -> RolloutFnEvalOutput:
         if input.fleet is None:
-            raise TypeError(
+            raise ConfigTypeError(
+                "EvalSupervisor.open(fleet)",
                 "DatasetEval evaluates on the pipeline's fleet: pass fleet= to "
-                "EvalSupervisor.open, or use ServerEvalFn for a server outside the pipeline"
+                "EvalSupervisor.open, or use ServerEvalFn for a server outside the pipeline",
             )
         return await evaluate_datasets(
             input.fleet,

@@ -50,6 +50,7 @@ from actorsys.fleet.local import (
     HEALTH_POLL_INTERVAL,
     VLLM_PYTHON,
     EngineSpec,
+    FleetStartError,
     embedded,
     free_port,
     new_api_key,
@@ -161,7 +162,7 @@ class EngineServer:
         with httpx.Client(timeout=5.0) as client:
             while time.monotonic() < deadline:
                 if self._process.returncode is not None:
-                    raise RuntimeError(
+                    raise FleetStartError(
                         f"engine server exited with status {self._process.returncode} before "
                         f"it was healthy; log tail:\n{self._process.log_tail()}"
                     )
@@ -177,7 +178,7 @@ class EngineServer:
                     pass
                 time.sleep(HEALTH_POLL_INTERVAL)
         self._process.signal_group(signal.SIGKILL)
-        raise RuntimeError(
+        raise FleetStartError(
             f"engine server not healthy at {self._url} within {startup_timeout} s; "
             f"log tail:\n{self._process.log_tail()}"
         )
@@ -305,9 +306,10 @@ class RayFleet:
         ``resources``, ``scheduling_strategy``...; default one CPU). ``max_restarts``: how
         often Ray restarts an actor whose server or process died. Blocks until the servers
         are healthy (at most ``startup_timeout`` seconds each); the caller's cancel scope
-        bounds it. Uses the Ray cluster ``ray.init`` connected to (Ray starts a local one if
-        none). Opens under trio or asyncio; the fleet's engines are used under trio (by the
-        supervisor, or a bridge's trio thread).
+        bounds it. An engine that does not come up raises :class:`FleetStartError`. Uses the
+        Ray cluster ``ray.init`` connected to (Ray starts a local one if none). Opens under
+        trio or asyncio; the fleet's engines are used under trio (by the supervisor, or a
+        bridge's trio thread).
         """
         import ray
 
@@ -335,7 +337,12 @@ class RayFleet:
         actors = [actor_class.remote(name, spec, startup_timeout, grace, key_ref)
                   for name in names]
         try:
-            await _all_answer([actor.url.remote() for actor in actors])
+            try:
+                await _all_answer([actor.url.remote() for actor in actors])
+            except* ray.exceptions.RayError as failed:
+                raise FleetStartError(
+                    f"an engine actor did not come up: {failed.exceptions[0]}"
+                ) from failed
             engines = [RayEngine(a, n, spec, key) for a, n in zip(actors, names, strict=True)]
             yield cls(actors, engines, key)
         finally:

@@ -12,19 +12,18 @@ across points beside the pool's sets (``_kept``).
 """
 
 from actorsys.snapshot._capture import CapturedWeights, WeightsReleasedError, capture
-from actorsys.snapshot._pool import BufferLease, BufferPool, PoolStatistics
-from actorsys.snapshot._prepare import prepare_like_checkpoint, prepare_weights
-from actorsys.snapshot._state import Source, StatePlan, plan_state
-from actorsys.snapshot._write import (
+from actorsys.snapshot._model_files import (
     CONFIG_NAME,
     DEFAULT_MAX_SHARD_SIZE,
     INDEX_NAME,
     NON_WEIGHT_SUFFIXES,
     WEIGHTS_NAME,
     copy_non_weight_files,
-    write_snapshot,
-    write_weights,
 )
+from actorsys.snapshot._pool import BufferLease, BufferPool, PoolStatistics
+from actorsys.snapshot._prepare import prepare_like_checkpoint, prepare_weights
+from actorsys.snapshot._state import Source, StatePlan, plan_state
+from actorsys.snapshot._write import write_snapshot, write_weights
 
 WEIGHT_FILE = WEIGHTS_NAME
 

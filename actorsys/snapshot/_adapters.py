@@ -34,7 +34,7 @@ import torch
 
 from actorsys.snapshot._forms import check_module, unsupported, walk_modules
 from actorsys.snapshot._kept import KeptBase
-from actorsys.snapshot._state import (
+from actorsys.snapshot._tensors import (
     StatePlan,
     _check_entry,
     _drop_tied_duplicates,

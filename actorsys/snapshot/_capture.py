@@ -15,7 +15,8 @@ from actorsys.snapshot import _conversions
 from actorsys.snapshot._adapters import assemble
 from actorsys.snapshot._kept import KeptBase
 from actorsys.snapshot._pool import BufferLease
-from actorsys.snapshot._state import Source, StatePlan, aligned, plan_state, tensor_nbytes
+from actorsys.snapshot._state import Source, StatePlan, plan_state
+from actorsys.snapshot._tensors import aligned, tensor_nbytes
 
 if TYPE_CHECKING:
     from actorsys.snapshot._sharded import Handover, Sharding
@@ -181,6 +182,26 @@ def capture(
         lease.give_back()
         if let_go is not None:
             let_go()
+        raise
+    return weights
+
+
+def capture_shards(plan: StatePlan, lease: BufferLease) -> CapturedWeights:
+    """On a rank that only contributes its shards: copy ``plan``'s local shards into
+    ``lease`` (blocking for the copy), without the model files the evaluating rank takes
+    (config, generation config), which a contributor never writes. Gives the lease back on
+    any error."""
+    try:
+        if plan.buffer_nbytes > lease.nbytes:
+            raise ValueError(
+                f"the shards need {plan.buffer_nbytes} bytes of buffer, the lease holds {lease.nbytes}"
+            )
+        tensors = _copy_into(plan.entries, lease.buffer()) if plan.entries else {}
+        lease.prepare_spares()
+        weights = CapturedWeights(tensors, nbytes=plan.nbytes, lease=lease)
+        weights.sharding = plan.sharding
+    except BaseException:
+        lease.give_back()
         raise
     return weights
 

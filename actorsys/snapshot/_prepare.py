@@ -23,7 +23,8 @@ from actorsys._errors import ConfigError, UnsupportedModelError
 from actorsys.runtime import ThreadTracker, run_blocking
 from actorsys.snapshot import _conversions
 from actorsys.snapshot._pool import BufferPool, PoolStatistics
-from actorsys.snapshot._state import Source, StatePlan, aligned, plan_state
+from actorsys.snapshot._state import Source, StatePlan, plan_state
+from actorsys.snapshot._tensors import aligned
 
 log = logging.getLogger("actorsys.snapshot")
 

@@ -42,12 +42,18 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from actorsys.snapshot import _conversions
+from actorsys.snapshot._model_files import (
+    INDEX_NAME,
+    SHARD_PATTERN,
+    _write_text,
+    fsync_tree,
+    write_model_files,
+)
 from actorsys.snapshot._safetensors import CHUNK_BYTES, file_header, raw_bytes
-from actorsys.snapshot._state import StatePlan, _check_entry, _tied_patterns, aligned, tensor_nbytes
+from actorsys.snapshot._tensors import StatePlan, _check_entry, _tied_patterns, aligned, tensor_nbytes
 
 if TYPE_CHECKING:
     from actorsys.snapshot._capture import CapturedWeights
-    from actorsys.snapshot._pool import BufferLease
 
 SUPPORTED = (
     "DTensor parameters placed Shard(dim) or Replicate on their device mesh "
@@ -198,28 +204,6 @@ def _piece(name: str, value: torch.Tensor) -> tuple[Piece, torch.Tensor]:
     return Piece(value.dtype, shape, tuple(local_shape), tuple(offset), writer), local
 
 
-def capture_shards(plan: StatePlan, lease: BufferLease) -> CapturedWeights:
-    """On a rank that only contributes its shards: copy ``plan``'s local shards into
-    ``lease`` (blocking for the copy), without the model files the evaluating rank takes
-    (config, generation config), which a contributor never writes. Gives the lease back on
-    any error."""
-    from actorsys.snapshot._capture import CapturedWeights, _copy_into
-
-    try:
-        if plan.buffer_nbytes > lease.nbytes:
-            raise ValueError(
-                f"the shards need {plan.buffer_nbytes} bytes of buffer, the lease holds {lease.nbytes}"
-            )
-        tensors = _copy_into(plan.entries, lease.buffer()) if plan.entries else {}
-        lease.prepare_spares()
-        weights = CapturedWeights(tensors, nbytes=plan.nbytes, lease=lease)
-        weights.sharding = plan.sharding
-    except BaseException:
-        lease.give_back()
-        raise
-    return weights
-
-
 @functools.lru_cache(maxsize=4096)
 def _local_shape_and_offset(
     shape: tuple[int, ...], mesh: Any, placements: tuple[Any, ...]
@@ -244,8 +228,6 @@ class FileLayout:
 def file_layout(sharding: Sharding, *, max_shard_size: int, num_parameters: int) -> FileLayout:
     """Split the snapshot into files as ``write_weights`` does (huggingface_hub's splitter on
     the global sizes) and lay each file out as safetensors does."""
-    from actorsys.snapshot._write import SHARD_PATTERN
-
     specs = sharding.specs()
     metas = {name: torch.empty(shape, dtype=dtype, device="meta") for name, (dtype, shape) in specs.items()}
     split = split_state_dict_into_shards_factory(
@@ -281,14 +263,12 @@ def write_sharded_snapshot(
     this rank's ranges, every other rank's ranges (written by them, waited for through
     ``weights.handover``), the index. Blocking; bounded by the handover's wait. Every file is
     fsync'd."""
-    from actorsys.snapshot._write import INDEX_NAME, _write_text, fsync_tree
-
     sharding, handover = weights.sharding, weights.handover
     assert sharding is not None and handover is not None
     try:
         if weights.resolve_converter() is not None:
             raise ValueError(_converted(weights.converter))
-        _write_model_files(weights, directory, base_checkpoint)
+        write_model_files(weights, directory, base_checkpoint)
         layout = file_layout(
             sharding, max_shard_size=max_shard_size, num_parameters=weights.num_parameters
         )
@@ -311,27 +291,6 @@ def write_sharded_snapshot(
     except BaseException as exc:
         handover.abandon(f"{type(exc).__name__}: {exc}")
         raise
-
-
-def _write_model_files(
-    weights: CapturedWeights, directory: str, base_checkpoint: str | None
-) -> None:
-    """What ``save_pretrained`` writes besides the weights, as for a plain model."""
-    from actorsys.snapshot._write import (
-        CONFIG_NAME,
-        GENERATION_CONFIG_NAME,
-        copy_non_weight_files,
-    )
-
-    own = {CONFIG_NAME} if weights.config is not None else set()
-    if weights.generation_config is not None:
-        own.add(GENERATION_CONFIG_NAME)
-    if base_checkpoint is not None:
-        copy_non_weight_files(base_checkpoint, directory, skip=own)
-    if weights.config is not None:
-        weights.config.save_pretrained(directory)
-    if weights.generation_config is not None:
-        weights.generation_config.save_pretrained(directory)
 
 
 def write_pieces(

@@ -12,23 +12,24 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from huggingface_hub import split_state_dict_into_shards_factory
 
 from actorsys.snapshot._capture import CapturedWeights, WeightsReleasedError
+from actorsys.snapshot._model_files import (
+    DEFAULT_MAX_SHARD_SIZE,
+    INDEX_NAME,
+    SHARD_PATTERN,
+    _write_text,
+    fsync_tree,
+    write_model_files,
+)
 from actorsys.snapshot._safetensors import write_file
-from actorsys.snapshot._state import tensor_nbytes
-
-WEIGHTS_NAME = "model.safetensors"
-INDEX_NAME = "model.safetensors.index.json"
-SHARD_PATTERN = "model{suffix}.safetensors"
-CONFIG_NAME = "config.json"
-GENERATION_CONFIG_NAME = "generation_config.json"
-DEFAULT_MAX_SHARD_SIZE = 5 * 1000**3
-NON_WEIGHT_SUFFIXES = (".json", ".txt", ".model", ".jinja", ".tiktoken", ".py")
+from actorsys.snapshot._sharded import write_sharded_snapshot
+from actorsys.snapshot._tensors import tensor_nbytes
 
 
 def write_snapshot(
@@ -49,8 +50,6 @@ def write_snapshot(
     try:
         with weights.reading():
             if weights.sharding is not None:
-                from actorsys.snapshot._sharded import write_sharded_snapshot
-
                 write_sharded_snapshot(
                     weights, directory, base_checkpoint=base_checkpoint,
                     max_shard_size=max_shard_size,
@@ -65,17 +64,7 @@ def write_snapshot(
 def _write(
     weights: CapturedWeights, directory: str, base_checkpoint: str | None, max_shard_size: int
 ) -> None:
-    own_files = set()
-    if weights.config is not None:
-        own_files.add(CONFIG_NAME)
-    if weights.generation_config is not None:
-        own_files.add(GENERATION_CONFIG_NAME)
-    if base_checkpoint is not None:
-        copy_non_weight_files(base_checkpoint, directory, skip=own_files)
-    if weights.config is not None:
-        weights.config.save_pretrained(directory)
-    if weights.generation_config is not None:
-        weights.generation_config.save_pretrained(directory)
+    write_model_files(weights, directory, base_checkpoint)
     weights.finish()
     tensors: Mapping[str, torch.Tensor] = weights.tensors
     converter = weights.resolve_converter()
@@ -129,54 +118,6 @@ def write_weights(
     return written
 
 
-def copy_non_weight_files(
-    base_checkpoint: str, directory: str, *, skip: Iterable[str] = ()
-) -> list[str]:
-    """Copy the config, tokenizer, chat template and other non-weight files of
-    ``base_checkpoint`` into ``directory`` (fsync'd), except the names in ``skip``."""
-    if not os.path.isdir(base_checkpoint):
-        raise NotADirectoryError(
-            f"base_checkpoint {base_checkpoint} is not a directory; "
-            "pass an HF checkpoint directory (config.json, tokenizer files)"
-        )
-    skipped = set(skip)
-    copied = []
-    for name in sorted(os.listdir(base_checkpoint)):
-        source = os.path.join(base_checkpoint, name)
-        if (
-            name in skipped
-            or name.startswith(".")
-            or not name.endswith(NON_WEIGHT_SUFFIXES)
-            or name.endswith(".index.json")
-            or not os.path.isfile(source)
-        ):
-            continue
-        target = os.path.join(directory, name)
-        with open(source, "rb") as src, open(target, "wb") as dst:
-            shutil.copyfileobj(src, dst, 1024 * 1024)
-            dst.flush()
-            os.fsync(dst.fileno())
-        copied.append(name)
-    return copied
-
-
-def fsync_tree(directory: str) -> None:
-    """fsync every file and directory under ``directory`` (what ``save_pretrained`` wrote
-    without)."""
-    for root, _, files in os.walk(directory):
-        for name in files:
-            fd = os.open(os.path.join(root, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        fd = os.open(root, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 def _revert_weight_conversion(
     model: Any, tensors: Mapping[str, torch.Tensor]
 ) -> Mapping[str, torch.Tensor]:
@@ -184,13 +125,6 @@ def _revert_weight_conversion(
 
     reverted: Mapping[str, torch.Tensor] = revert_weight_conversion(model, dict(tensors))
     return reverted
-
-
-def _write_text(path: str, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def _always_live() -> None:

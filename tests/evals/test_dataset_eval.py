@@ -7,6 +7,7 @@ from math import comb
 import pytest
 
 from actorsys import ConfigError, EvalSkip, RolloutFnEvalInput
+from actorsys._errors import ConfigTypeError
 from actorsys.evals import DatasetEval, EvalDataset
 from actorsys.evals.metrics import pass_at_k, pass_ks
 from tests.fakes import ScriptedFleet
@@ -150,3 +151,10 @@ def test_pass_at_k_matches_the_closed_form_and_the_ks_double_up_to_n() -> None:
     assert pass_ks(1) == [1]
     assert pass_ks(4) == [1, 2, 4]
     assert pass_ks(6) == [1, 2, 4, 6]
+
+
+async def test_without_the_pipelines_fleet_it_is_a_config_type_error() -> None:
+    eval_fn = DatasetEval([dataset("math", [("1+1", "2")])])
+    with pytest.raises(ConfigTypeError, match="pass fleet= to EvalSupervisor.open") as raised:
+        await eval_fn.evaluate_checkpoint("/ckpt", point(None))
+    assert raised.value.field == "EvalSupervisor.open(fleet)"

@@ -26,6 +26,7 @@ from actorsys import (  # noqa: E402
     RolloutFnEvalInput,
     RolloutFnEvalOutput,
 )
+from actorsys.fleet.local import FleetStartError  # noqa: E402
 from actorsys.fleet.ray import RayFleet, await_ref  # noqa: E402
 from tests.fleet.conftest import TinyModels  # noqa: E402
 from tests.fleet.pipeline import assert_pinned, evaluate, pipeline  # noqa: E402
@@ -171,3 +172,12 @@ async def test_a_ray_engine_on_the_node_address_requires_the_fleets_key(tiny: Ti
             assert (await client.post("/update_weights_from_disk", json=load)).status_code == 401
         answers = await ray_fleet.fleet.complete(PROMPTS, max_tokens=4)
         assert {answer.weight_version for answer in answers} == {"1"}
+
+
+@pytest.mark.timeout(120)
+async def test_an_engine_actor_that_cannot_start_is_a_fleet_start_error(tmp_path: Path) -> None:
+    missing = tmp_path / "no-model"
+    with pytest.raises(FleetStartError, match="^an engine actor did not come up") as raised:
+        async with RayFleet.open(missing, num_engines=1, resources=ENGINE, startup_timeout=60):
+            pass
+    assert "before it was healthy" in str(raised.value)

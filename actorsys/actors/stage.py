@@ -20,7 +20,7 @@ from actorsys._core.flight import Flight
 from actorsys._core.point import Point, State, Ticket
 
 if TYPE_CHECKING:
-    from actorsys._core.actors.retirer import Retirer
+    from actorsys.actors.retirer import Retirer
 
 
 @dataclass(frozen=True)

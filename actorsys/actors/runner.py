@@ -13,11 +13,11 @@ from typing import Any
 
 import trio
 
-from actorsys._core.actors.pinner import give_back
-from actorsys._core.actors.retirer import Retirer
-from actorsys._core.actors.stage import Done, Result, Skip, Stage, within
 from actorsys._core.flight import Flight
 from actorsys._core.point import Point, State, Ticket
+from actorsys.actors.pinner import give_back
+from actorsys.actors.retirer import Retirer
+from actorsys.actors.stage import Done, Result, Skip, Stage, within
 from actorsys.config import EvalConfig
 from actorsys.contracts import EvalSkip, RolloutFnEvalInput, RolloutFnEvalOutput
 from actorsys.fleet import Fleet, PinError

@@ -23,10 +23,10 @@ from collections.abc import Sequence
 
 import trio
 
-from actorsys._core.actors.retirer import Retirer
-from actorsys._core.actors.stage import Done, Result, SequentialStage, Skip
 from actorsys._core.flight import Flight
 from actorsys._core.point import FleetLease, Point, State, Ticket
+from actorsys.actors.retirer import Retirer
+from actorsys.actors.stage import Done, Result, SequentialStage, Skip
 from actorsys.config import EvalConfig
 from actorsys.fleet import Fleet, PinError
 from actorsys.fleet.reference import ReferenceWorker

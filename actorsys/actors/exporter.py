@@ -19,10 +19,10 @@ from typing import TypeVar
 import trio
 
 from actorsys import staging
-from actorsys._core.actors.retirer import Retirer
-from actorsys._core.actors.stage import Done, Result, SequentialStage, Skip, within
 from actorsys._core.flight import Flight
 from actorsys._core.point import Point, Source, State
+from actorsys.actors.retirer import Retirer
+from actorsys.actors.stage import Done, Result, SequentialStage, Skip, within
 from actorsys.config import EvalConfig
 from actorsys.outcome import EXPORT_TIME_SECONDS
 from actorsys.runtime import ThreadTracker, run_blocking
