@@ -60,7 +60,8 @@ async def test_killed_engine_skips_the_point_as_unhealthy_and_the_next_one_pins(
 async def test_stopped_engine_skips_the_point_at_the_pin_deadline_and_the_next_one_pins(
     tiny: TinyModels, tmp_path: Path
 ) -> None:
-    pin_timeout = 5.0
+    # Long enough for the first pin's verdict, which waits for the reference worker to start.
+    pin_timeout = 30.0
     async with LocalFleet.open(fleet_specs(tiny, 2)) as local:
         async with pipeline(tiny, tmp_path, local.fleet, pin_timeout=pin_timeout) as (sup, sink):
             assert_pinned(await evaluate(sup, sink, tiny, 1), engines=2)
