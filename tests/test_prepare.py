@@ -222,6 +222,9 @@ async def test_a_base_checkpoint_without_weights_prepares_nothing(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "broken.safetensors").write_bytes(b"\x01")
     assert checkpoint_buffer_nbytes(str(tmp_path)) is None
+    # A length claiming exabytes is refused without allocating them.
+    (tmp_path / "broken.safetensors").write_bytes(b"\xff" * 8 + b"{}")
+    assert checkpoint_buffer_nbytes(str(tmp_path)) is None
     pool = BufferPool(2)
     await trio.to_thread.run_sync(prepare_like_checkpoint(pool, str(tmp_path)).join)
     assert pool.statistics().sets == 0

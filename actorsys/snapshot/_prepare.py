@@ -84,6 +84,9 @@ async def prepare_weights(
     )
 
 
+_MAX_HEADER_BYTES = 100_000_000
+
+
 def checkpoint_buffer_nbytes(path: str) -> int | None:
     """Bytes of buffer a copy of the weights stored in ``path``'s safetensors files needs,
     each tensor aligned as a plan aligns it, read from the files' headers alone. None where
@@ -95,6 +98,10 @@ def checkpoint_buffer_nbytes(path: str) -> int | None:
                 continue
             with open(os.path.join(path, name), "rb") as f:
                 (size,) = struct.unpack("<Q", f.read(8))
+                # A corrupt or crafted length must not allocate: safetensors itself refuses
+                # headers over 100 MB, and none can pass the end of its file.
+                if size > min(_MAX_HEADER_BYTES, os.fstat(f.fileno()).st_size - 8):
+                    raise ValueError(f"{name}: header length {size} is past its file's end")
                 header = json.loads(f.read(size))
             for key, info in header.items():
                 if key != "__metadata__":

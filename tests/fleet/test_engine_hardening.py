@@ -142,6 +142,8 @@ async def test_every_route_but_health_refuses_a_request_without_the_key(
             response = await client.request(method, path, json={"model_path": "/elsewhere"})
             assert response.status_code == 401, (method, path, response.text)
             assert "Authorization: Bearer" in message(response)
+            # The unread body ends the connection: the client is told not to reuse it.
+            assert response.headers["connection"] == "close"
     assert host.loads == [] and host.batches == []
 
 

@@ -83,6 +83,9 @@ class ApiKeyMiddleware:
                     (b"content-type", b"application/json"),
                     (b"content-length", str(len(body)).encode()),
                     (b"www-authenticate", b"Bearer"),
+                    # The body was never read, so the server cannot keep this connection
+                    # alive: say so, or a client reusing it meets a bare disconnect.
+                    (b"connection", b"close"),
                 ],
             }
         )
