@@ -1,51 +1,60 @@
-"""actorsys: non-blocking, supervised evaluation for RL and LLM post-training, on trio."""
+"""actorsys: non-blocking, supervised evaluation for RL and LLM post-training, on trio.
 
-from actorsys._errors import (
-    ActorsysError,
-    ConfigError,
-    DuplicateStepError,
-    StagingInUseError,
-    SubmitError,
-    SupervisorClosedError,
-    SupervisorGaveUpError,
-    UnsupportedModelError,
-    WatchOutInUseError,
-)
-from actorsys.config import EvalConfig
-from actorsys.contracts import (
-    BaseRolloutFn,
-    CheckpointEvalFn,
-    EvalSkip,
-    RolloutFnConstructorInput,
-    RolloutFnEvalInput,
-    RolloutFnEvalOutput,
-    RolloutFnTrainInput,
-    RolloutFnTrainOutput,
-)
-from actorsys.evals import (
-    DatasetError,
-    DatasetEval,
-    EvalDataset,
-    LmEvalTasks,
-    ServerEvalFn,
-    datasets_from_args,
-    load_eval_config,
-    score,
-)
-from actorsys.fleet import (
-    Engine,
-    EngineUnhealthyError,
-    Fleet,
-    PinError,
-    PinViolationError,
-    SGLangEngine,
-    VLLMEngine,
-)
-from actorsys.outcome import CloseReport, DrainReport, Outcome, SupervisorStatistics
-from actorsys.sinks import JsonlSink, MemorySink
-from actorsys.sinks_tensorboard import TensorBoardSink
-from actorsys.sinks_wandb import WandbSink
-from actorsys.supervisor import EvalSupervisor
+Every public name is imported when first used (:mod:`actorsys._lazy`), so importing one module
+of the package (``actorsys.evals.scorers`` in a scoring worker) imports that module only.
+"""
+
+from typing import TYPE_CHECKING
+
+from actorsys._lazy import lazy_names
+
+if TYPE_CHECKING:
+    from actorsys._errors import (
+        ActorsysError,
+        ConfigError,
+        DuplicateStepError,
+        StagingInUseError,
+        SubmitError,
+        SupervisorClosedError,
+        SupervisorGaveUpError,
+        UnsupportedModelError,
+        WatchOutInUseError,
+    )
+    from actorsys.config import EvalConfig
+    from actorsys.contracts import (
+        BaseRolloutFn,
+        CheckpointEvalFn,
+        EvalSkip,
+        RolloutFnConstructorInput,
+        RolloutFnEvalInput,
+        RolloutFnEvalOutput,
+        RolloutFnTrainInput,
+        RolloutFnTrainOutput,
+    )
+    from actorsys.evals import (
+        DatasetError,
+        DatasetEval,
+        EvalDataset,
+        LmEvalTasks,
+        ServerEvalFn,
+        datasets_from_args,
+        load_eval_config,
+        score,
+    )
+    from actorsys.fleet import (
+        Engine,
+        EngineUnhealthyError,
+        Fleet,
+        PinError,
+        PinViolationError,
+        SGLangEngine,
+        VLLMEngine,
+    )
+    from actorsys.outcome import CloseReport, DrainReport, Outcome, SupervisorStatistics
+    from actorsys.sinks import JsonlSink, MemorySink
+    from actorsys.sinks_tensorboard import TensorBoardSink
+    from actorsys.sinks_wandb import WandbSink
+    from actorsys.supervisor import EvalSupervisor
 
 __all__ = [
     "ActorsysError",
@@ -91,3 +100,51 @@ __all__ = [
     "load_eval_config",
     "score",
 ]
+
+__getattr__, __dir__ = lazy_names(
+    __name__,
+    {
+        "ActorsysError": "actorsys._errors",
+        "BaseRolloutFn": "actorsys.contracts",
+        "CheckpointEvalFn": "actorsys.contracts",
+        "CloseReport": "actorsys.outcome",
+        "ConfigError": "actorsys._errors",
+        "DatasetError": "actorsys.evals.datasets",
+        "DatasetEval": "actorsys.evals.dataset_eval",
+        "DrainReport": "actorsys.outcome",
+        "DuplicateStepError": "actorsys._errors",
+        "Engine": "actorsys.fleet",
+        "EngineUnhealthyError": "actorsys.fleet",
+        "EvalConfig": "actorsys.config",
+        "EvalDataset": "actorsys.evals.datasets",
+        "EvalSkip": "actorsys.contracts",
+        "EvalSupervisor": "actorsys.supervisor",
+        "Fleet": "actorsys.fleet",
+        "JsonlSink": "actorsys.sinks",
+        "LmEvalTasks": "actorsys.evals.lm_eval_tasks",
+        "MemorySink": "actorsys.sinks",
+        "Outcome": "actorsys.outcome",
+        "PinError": "actorsys.fleet",
+        "PinViolationError": "actorsys.fleet",
+        "RolloutFnConstructorInput": "actorsys.contracts",
+        "RolloutFnEvalInput": "actorsys.contracts",
+        "RolloutFnEvalOutput": "actorsys.contracts",
+        "RolloutFnTrainInput": "actorsys.contracts",
+        "RolloutFnTrainOutput": "actorsys.contracts",
+        "SGLangEngine": "actorsys.fleet",
+        "ServerEvalFn": "actorsys.evals.server",
+        "StagingInUseError": "actorsys._errors",
+        "SubmitError": "actorsys._errors",
+        "SupervisorClosedError": "actorsys._errors",
+        "SupervisorGaveUpError": "actorsys._errors",
+        "SupervisorStatistics": "actorsys.outcome",
+        "TensorBoardSink": "actorsys.sinks_tensorboard",
+        "UnsupportedModelError": "actorsys._errors",
+        "VLLMEngine": "actorsys.fleet",
+        "WandbSink": "actorsys.sinks_wandb",
+        "WatchOutInUseError": "actorsys._errors",
+        "datasets_from_args": "actorsys.evals.flags",
+        "load_eval_config": "actorsys.evals.eval_config",
+        "score": "actorsys.evals.scorers",
+    },
+)

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("actorsys", "bridge")
 
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"_errors", "_files", "_tls", "_flags", "flag_groups", "runtime"}),
+    frozenset({"_errors", "_files", "_lazy", "_tls", "_flags", "flag_groups", "runtime"}),
     frozenset({"config", "contracts", "staging"}),
     frozenset({"outcome", "snapshot", "fleet", "sinks", "sinks_fanout", "sinks_tensorboard",
                "sinks_wandb", "metrics_file"}),

@@ -18,6 +18,7 @@ Nothing an evaluation does is raised here: it settles as an :class:`~actorsys.Ou
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -67,6 +68,7 @@ class EvalSupervisor:
         self._closer = _close.Closer()
         self._collective: Collective | None = None
         self._contribution: Contribution | None = None
+        self._warming = trio.CancelScope()
 
     @classmethod
     @asynccontextmanager
@@ -129,6 +131,8 @@ class EvalSupervisor:
                 await nursery.start(wiring.actors.run)
                 if self._contribution is not None:
                     nursery.start_soon(self._contribution.run)
+                else:
+                    nursery.start_soon(self._warm_up)
                 try:
                     yield
                 except BaseException as exc:
@@ -142,6 +146,22 @@ class EvalSupervisor:
             if body_error is not None and group.exceptions == (body_error,):
                 raise body_error from None
             raise
+
+    async def _warm_up(self) -> None:
+        """Let the eval fn get ready for its first point, in the background: an eval fn that
+        scores in worker processes (``DatasetEval``, ``ServerEvalFn``) starts and warms them
+        (:mod:`actorsys.evals.scoring_pool`), so the first point pays no worker start. Its
+        optional ``async def _warm_up()`` runs in the supervisor's nursery; close cancels it
+        and never waits for it; it fails only with a log line."""
+        warm_up = getattr(self.eval_fn, "_warm_up", None)
+        if not inspect.iscoroutinefunction(warm_up):
+            return
+        with self._warming:
+            try:
+                await warm_up()
+            except Exception:
+                log.warning("the eval fn could not get ready ahead of the first point",
+                            exc_info=True)
 
     def _wire(self, claim: StagingClaim | None, tracker: ThreadTracker) -> Wiring:
         self._wiring = wire(
@@ -318,6 +338,7 @@ class EvalSupervisor:
         stopping the actors. Shielded from outer cancellation, so it runs to completion within
         its own budget. Idempotent.
         """
+        self._warming.cancel()
         if self._wiring is None:
             return CloseReport(clean=True, abandoned=[], stuck_threads=[])
         budget = self.config.close_timeout if timeout is None else timeout

@@ -12,17 +12,25 @@
 - :class:`OpenAIEvalFn`: an evaluation written against the OpenAI SDK (agent loops, tools,
   judges), its client's door held to the pinned fleet (extra ``openai``).
 - :class:`InspectTasks`: inspect-ai tasks on the pinned fleet (extra ``inspect``).
+
+Every public name is imported when first used (:mod:`actorsys._lazy`): a scoring worker
+imports ``actorsys.evals.scorers`` and what it needs, not the eval fns around it.
 """
 
-from actorsys.evals.dataset_eval import DatasetEval
-from actorsys.evals.datasets import DatasetError, EvalDataset
-from actorsys.evals.eval_config import load_eval_config
-from actorsys.evals.flags import datasets_from_args
-from actorsys.evals.inspect_tasks import InspectTasks
-from actorsys.evals.lm_eval_tasks import LmEvalTasks
-from actorsys.evals.openai_eval import OpenAIEvalFn
-from actorsys.evals.scorers import SCORERS, score
-from actorsys.evals.server import ServerEvalFn
+from typing import TYPE_CHECKING
+
+from actorsys._lazy import lazy_names
+
+if TYPE_CHECKING:
+    from actorsys.evals.dataset_eval import DatasetEval
+    from actorsys.evals.datasets import DatasetError, EvalDataset
+    from actorsys.evals.eval_config import load_eval_config
+    from actorsys.evals.flags import datasets_from_args
+    from actorsys.evals.inspect_tasks import InspectTasks
+    from actorsys.evals.lm_eval_tasks import LmEvalTasks
+    from actorsys.evals.openai_eval import OpenAIEvalFn
+    from actorsys.evals.scorers import SCORERS, score
+    from actorsys.evals.server import ServerEvalFn
 
 __all__ = [
     "SCORERS",
@@ -37,3 +45,20 @@ __all__ = [
     "load_eval_config",
     "score",
 ]
+
+__getattr__, __dir__ = lazy_names(
+    __name__,
+    {
+        "DatasetError": "actorsys.evals.datasets",
+        "DatasetEval": "actorsys.evals.dataset_eval",
+        "EvalDataset": "actorsys.evals.datasets",
+        "InspectTasks": "actorsys.evals.inspect_tasks",
+        "LmEvalTasks": "actorsys.evals.lm_eval_tasks",
+        "OpenAIEvalFn": "actorsys.evals.openai_eval",
+        "SCORERS": "actorsys.evals.scorers",
+        "ServerEvalFn": "actorsys.evals.server",
+        "datasets_from_args": "actorsys.evals.flags",
+        "load_eval_config": "actorsys.evals.eval_config",
+        "score": "actorsys.evals.scorers",
+    },
+)

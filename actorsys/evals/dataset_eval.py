@@ -19,7 +19,12 @@ from actorsys._errors import ConfigTypeError
 from actorsys.config import require_seconds
 from actorsys.contracts import CheckpointEvalFn, RolloutFnEvalInput, RolloutFnEvalOutput
 from actorsys.evals.datasets import EvalDataset
-from actorsys.evals.sampling import check_datasets, check_limits, evaluate_datasets
+from actorsys.evals.sampling import (
+    check_datasets,
+    check_limits,
+    evaluate_datasets,
+    warm_scorers,
+)
 
 
 class DatasetEval(CheckpointEvalFn):
@@ -54,6 +59,11 @@ class DatasetEval(CheckpointEvalFn):
 
     def __repr__(self) -> str:
         return f"DatasetEval({[d.name for d in self.datasets]})"
+
+    async def _warm_up(self) -> None:
+        """Start and warm the scoring workers, so that the first point pays no worker start
+        (the supervisor runs it in the background when it opens; close cancels it)."""
+        await warm_scorers(self.datasets)
 
     async def evaluate_checkpoint(
         self, checkpoint_dir: str, input: RolloutFnEvalInput  # noqa: A002

@@ -14,7 +14,7 @@ dead fleet would read as a real result.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any, Protocol
 
@@ -25,7 +25,7 @@ from actorsys.evals.grading import Grader, grading_input
 from actorsys.evals.metrics import Sample, dataset_metrics
 from actorsys.evals.prompts import DatasetPrompts, Prompt, prepare_prompts
 from actorsys.evals.scorers import EXTRACTING, Scorer, base_scorer, extracted_answer, needs_math
-from actorsys.evals.scoring_pool import Item, score_in_workers
+from actorsys.evals.scoring_pool import Item, score_in_workers, warm_workers
 from actorsys.fleet.completions import Completion
 from actorsys.runtime import run_in_eval_thread
 
@@ -180,6 +180,28 @@ async def _sample(
     return answers, [fits is not None and fits[p].cut for p in per_sample]
 
 
+def pool_scorer(dataset: EvalDataset) -> Scorer | Grader:
+    """What scores ``dataset``'s answers in the workers: its scorer as it is where it needs
+    nothing of a record but its label (or is a callable, which gets the record), else a
+    :class:`~actorsys.evals.grading.Grader` (records' own ``rm_type``, ``remote_rm``, dotted
+    paths)."""
+    if dataset.metadata_key is None and (
+        callable(dataset.scorer) or dataset.scorer in PLAIN_SCORERS
+    ):
+        return dataset.scorer
+    return Grader(
+        dataset.scorer, dataset.rm_url, dataset.score_timeout,
+        math=any(needs_math(dataset.scorer_of(r)) for r in range(len(dataset.records))),
+    )
+
+
+async def warm_scorers(datasets: Sequence[EvalDataset]) -> None:
+    """Start and warm the scoring workers for ``datasets`` (see
+    :func:`~actorsys.evals.scoring_pool.warm_workers`), so that the first point's scoring pays
+    no worker start; what an eval fn that scores datasets runs when its supervisor opens."""
+    await warm_workers([pool_scorer(dataset) for dataset in datasets])
+
+
 async def score_answers(
     dataset: EvalDataset,
     answers: Sequence[Completion],
@@ -196,29 +218,19 @@ async def score_answers(
     prompts = list(shown) if shown is not None else [str(p) for p in dataset.prompts]
     label_key = dataset.label_key
     answered = [index for index, answer in enumerate(answers) if answer.error is None]
-    scorer: Scorer | Grader
-    items: list[Item]
-    if dataset.metadata_key is None and (
-        callable(dataset.scorer) or dataset.scorer in PLAIN_SCORERS
-    ):
-        pass_record = callable(dataset.scorer)
-        scorer = dataset.scorer
-        items = [
-            (answers[i].text, dataset.records[record_of[i]][label_key],
-             dataset.records[record_of[i]] if pass_record else None)
-            for i in answered
-        ]
-    else:
-        scorer = Grader(
-            dataset.scorer, dataset.rm_url, dataset.score_timeout,
-            math=any(needs_math(dataset.scorer_of(r)) for r in range(len(dataset.records))),
-        )
-        items = [
-            (answers[i].text, dataset.records[record_of[i]][label_key],
-             grading_input(dataset.records[record_of[i]], dataset.metadata(record_of[i]),
-                           prompts[record_of[i]]))
-            for i in answered
-        ]
+    scorer = pool_scorer(dataset)
+
+    def item(index: int) -> Item:
+        r = record_of[index]
+        record = dataset.records[r]
+        travels: Mapping[str, Any] | None
+        if isinstance(scorer, Grader):
+            travels = grading_input(record, dataset.metadata(r), prompts[r])
+        else:
+            travels = record if callable(scorer) else None
+        return answers[index].text, record[label_key], travels
+
+    items = [item(index) for index in answered]
     scores = await score_in_workers(scorer, items, score_timeout=dataset.score_timeout)  # type: ignore[arg-type]
     by_index = dict(zip(answered, scores, strict=True))
     failures = [scored.error for scored in scores if scored.error is not None]

@@ -14,12 +14,9 @@ idle minutes and shared by every evaluation of the process, of which at most
 first: a training script that evaluates in its own process needs the usual
 ``if __name__ == "__main__":`` guard, as for torch's DataLoader workers.
 
-A worker is light: it imports the scorers, not the package around them (whose ``__init__``
-pulls in torch through the pipeline). Every job reaches it as source and bytes
-(:data:`_BOOT`, run by ``eval``, a builtin, so unpickling the job imports nothing of ours),
-which first registers ``actorsys`` and ``actorsys.evals`` as bare packages, then imports this
-module and runs the job. A name asked of a bare package (a callable scorer that imports
-``actorsys``) runs its real ``__init__`` then.
+A worker is light: every job is a plain function of :mod:`actorsys.evals.scoring_jobs`, sent
+by reference, so a worker imports the scorers and what they need, not torch (the packages
+``actorsys`` and ``actorsys.evals`` import their names on first use).
 
 Answers travel in chunks of :data:`CHUNK` (a round trip costs about as much as scoring a few
 hundred exact-match answers). A chunk must finish within one answer's ``score_timeout``; one
@@ -28,7 +25,10 @@ alone overran. A worker's first job imports the scorer's modules and scores a sa
 and math-verify's parsers load at their first use), so each call first warms its workers,
 bounded by :data:`WARM_TIMEOUT` instead of ``score_timeout``: that budget counts only the
 scoring of the answers. A worker that died is replaced by a fresh one, warmed the same way
-before it scores again.
+before it scores again. :func:`warm_workers` does the same ahead of time: when a supervisor
+opens, an evaluation that scores in workers (``DatasetEval``, ``ServerEvalFn``) warms them in
+the background (:func:`actorsys.evals.sampling.warm_scorers`), so the first point finds them
+ready and its own warming is a round trip per worker.
 
 Under trio's MockClock with autojump (deterministic tests), the clock is held while a scoring
 call runs (:func:`~actorsys.runtime.holding_clock`): its waits on the workers'
@@ -42,7 +42,7 @@ import logging
 import math
 import os
 import pickle
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -50,7 +50,8 @@ import cloudpickle
 import trio
 import trio_parallel
 
-from actorsys.evals.scorers import Scorer, score, scorer_name
+from actorsys.evals.scorers import Grading, Scorer, scorer_name
+from actorsys.evals.scoring_jobs import Item, score_batch, warm_up
 from actorsys.runtime import holding_clock
 
 log = logging.getLogger("actorsys.evals")
@@ -59,9 +60,6 @@ SCORING_WORKERS = max(1, min(4, os.cpu_count() or 1))
 """At most this many of our answers are scored at once, each in its own worker process."""
 CHUNK = 32
 WARM_TIMEOUT = 120.0
-
-Item = tuple[str, Any, Mapping[str, Any] | None]
-"""One answer to score: its text, its label, its record (None for the built-in scorers)."""
 
 _LIMITERS: trio.lowlevel.RunVar[tuple[trio.CapacityLimiter, trio.CapacityLimiter]] = (
     trio.lowlevel.RunVar("actorsys_scoring_limiters")
@@ -108,7 +106,7 @@ async def score_in_workers(
         return []
     results: list[Scored] = [Scored(0.0, "not scored")] * len(items)
     async with holding_clock():
-        failure = await _warm(scorer, SCORING_WORKERS)
+        failure = await _warm([scorer], SCORING_WORKERS)
         if failure is not None:
             log.warning("scoring workers could not start: %s (every answer scored 0)", failure)
             return [Scored(0.0, f"scoring workers could not start: {failure}") for _ in items]
@@ -137,18 +135,31 @@ async def _score_chunk(
         error = f"its scoring worker died ({exc.args[0] if exc.args else exc!r})"
     if len(items) == 1:
         return [Scored(0.0, error)]
-    await _warm(scorer, 1)
+    await _warm([scorer], 1)
     return [scored for item in items for scored in await _score_chunk(scorer, [item], score_timeout)]
 
 
-async def _warm(scorer: Scorer, workers: int) -> str | None:
-    """Start (or find warm) ``workers`` workers with ``scorer``'s modules imported; why they
+async def warm_workers(scorers: Sequence[Scorer | Grading]) -> None:
+    """Start (or find warm) the workers a scoring call uses, with every one of ``scorers``'
+    modules imported, each within :data:`WARM_TIMEOUT`; logs why they could not (the scoring
+    call tries again and says so in its answers' errors). Cancelling it kills the workers it
+    is starting."""
+    if not scorers:
+        return
+    async with holding_clock():
+        failure = await _warm(scorers, SCORING_WORKERS)
+    if failure is not None:
+        log.warning("scoring workers could not warm up: %s", failure)
+
+
+async def _warm(scorers: Sequence[Scorer | Grading], workers: int) -> str | None:
+    """Start (or find warm) ``workers`` workers with ``scorers``' modules imported; why they
     could not, or None."""
     failures: list[str] = []
 
     async def one() -> None:
         try:
-            await _in_worker(WARM_TIMEOUT, warm_up, scorer)
+            await _in_worker(WARM_TIMEOUT, warm_up, list(scorers))
         except trio.TooSlowError:
             failures.append(f"no worker ready within {WARM_TIMEOUT} s")
         except Exception as exc:
@@ -161,17 +172,12 @@ async def _warm(scorer: Scorer, workers: int) -> str | None:
 
 
 async def _in_worker(seconds: float, fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)`` (a function of this module) in a light worker once one of ours is free,
-    killed after ``seconds`` (:class:`trio.TooSlowError`)."""
+    """``fn(*args)`` (a function of :mod:`~actorsys.evals.scoring_jobs`) in a worker once one
+    of ours is free, killed after ``seconds`` (:class:`trio.TooSlowError`)."""
     limiter, unlimited = _limiters()
-    job = {"_boot": _BOOT, "_root": _PACKAGE_DIR,
-           "_job": cloudpickle.dumps((fn.__name__, args), protocol=pickle.HIGHEST_PROTOCOL)}
     async with limiter:
         with trio.fail_after(seconds):
-            result: T = await trio_parallel.run_sync(
-                eval, _RUN, job, kill_on_cancel=True, limiter=unlimited
-            )
-            return result
+            return await trio_parallel.run_sync(fn, *args, kill_on_cancel=True, limiter=unlimited)
 
 
 def _limiters() -> tuple[trio.CapacityLimiter, trio.CapacityLimiter]:
@@ -183,64 +189,3 @@ def _limiters() -> tuple[trio.CapacityLimiter, trio.CapacityLimiter]:
         limiters = (trio.CapacityLimiter(SCORING_WORKERS), trio.CapacityLimiter(math.inf))
         _LIMITERS.set(limiters)
         return limiters
-
-
-def score_batch(scorer: Scorer, items: Sequence[Item]) -> list[tuple[float, str | None]]:
-    """Runs in a worker: score every item, catching whatever each scorer raises
-    (``BaseException`` included: a scorer's ``sys.exit()`` or ``KeyboardInterrupt`` scores
-    that answer 0 like any other error, and the worker scores on)."""
-    scored: list[tuple[float, str | None]] = []
-    for answer, label, record in items:
-        try:
-            scored.append((score(scorer, answer, label, record), None))
-        except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt too: a 0
-            scored.append((0.0, f"scorer {scorer_name(scorer)} raised {exc!r}"[:1000]))
-    return scored
-
-
-def warm_up(scorer: Scorer) -> int:
-    """Runs in a worker: import what ``scorer`` needs and score a sample with math-verify where
-    it grades (its parsers load at first use); the worker's pid."""
-    if scorer == "math" or getattr(scorer, "needs_math", False):  # a dataset's Grader
-        score("math", "\\boxed{1}", "1")
-    return os.getpid()
-
-
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_RUN = "exec(_boot) or _result"
-_BOOT = """
-import importlib, os, pickle, sys, types
-
-
-def _bare_package(name, path):
-    if name in sys.modules:
-        return
-    module = types.ModuleType(name)
-    module.__path__ = [path]
-    module.__file__ = os.path.join(path, "__init__.py")
-
-    def __getattr__(attr):
-        # `from actorsys.evals import scorers` asks the package before importing the submodule
-        if os.path.exists(os.path.join(path, attr + ".py")) or os.path.isfile(
-            os.path.join(path, attr, "__init__.py")
-        ):
-            return importlib.import_module(name + "." + attr)
-        if module.__dict__.get("_actorsys_init_ran"):
-            raise AttributeError(f"module {name!r} has no attribute {attr!r}")
-        module._actorsys_init_ran = True
-        with open(module.__file__, encoding="utf-8") as f:
-            exec(compile(f.read(), module.__file__, "exec"), module.__dict__)
-        return getattr(module, attr)
-
-    module.__getattr__ = __getattr__
-    sys.modules[name] = module
-
-
-_bare_package("actorsys", _root)
-_bare_package("actorsys.evals", os.path.join(_root, "evals"))
-_pool = importlib.import_module("actorsys.evals.scoring_pool")
-
-_name, _args = pickle.loads(_job)
-_result = getattr(_pool, _name)(*_args)
-"""
-"""What a worker runs for every job (``eval(_RUN, job)``): see the module's docstring."""

@@ -33,10 +33,10 @@ LIGHT_WORKER = """
 import json, sys, trio
 
 async def main():
-    from actorsys.evals import scoring_pool
+    from actorsys.evals import scoring_jobs, scoring_pool
     from actorsys.evals.grading import Grader
     scorer = Grader("deepscaler", math=True) if sys.argv[1] == "grader" else "math"
-    pid = await scoring_pool._in_worker(120.0, scoring_pool.warm_up, scorer)
+    pid = await scoring_pool._in_worker(120.0, scoring_jobs.warm_up, [scorer])
     with open(f"/proc/{pid}/maps") as f:
         maps = f.read()
     print(json.dumps({"torch": "libtorch" in maps, "transformers": "transformers" in maps}))
