@@ -31,25 +31,22 @@ if TYPE_CHECKING:
         RolloutFnTrainInput,
         RolloutFnTrainOutput,
     )
-    from actorsys.evals import (
-        DatasetError,
-        DatasetEval,
-        EvalDataset,
-        LmEvalTasks,
-        ServerEvalFn,
-        datasets_from_args,
-        load_eval_config,
-        score,
-    )
-    from actorsys.fleet import (
+    from actorsys.evals.dataset_eval import DatasetEval
+    from actorsys.evals.datasets import DatasetError, EvalDataset
+    from actorsys.evals.eval_config import load_eval_config
+    from actorsys.evals.flags import datasets_from_args
+    from actorsys.evals.lm_eval_tasks import LmEvalTasks
+    from actorsys.evals.scorers import score
+    from actorsys.evals.server import ServerEvalFn
+    from actorsys.fleet.engine import (
         Engine,
         EngineUnhealthyError,
         Fleet,
         PinError,
         PinViolationError,
-        SGLangEngine,
-        VLLMEngine,
     )
+    from actorsys.fleet.sglang import SGLangEngine
+    from actorsys.fleet.vllm import VLLMEngine
     from actorsys.outcome import CloseReport, DrainReport, Outcome, SupervisorStatistics
     from actorsys.sinks import JsonlSink, MemorySink
     from actorsys.sinks_tensorboard import TensorBoardSink
@@ -113,25 +110,25 @@ __getattr__, __dir__ = lazy_names(
         "DatasetEval": "actorsys.evals.dataset_eval",
         "DrainReport": "actorsys.outcome",
         "DuplicateStepError": "actorsys._errors",
-        "Engine": "actorsys.fleet",
-        "EngineUnhealthyError": "actorsys.fleet",
+        "Engine": "actorsys.fleet.engine",
+        "EngineUnhealthyError": "actorsys.fleet.engine",
         "EvalConfig": "actorsys.config",
         "EvalDataset": "actorsys.evals.datasets",
         "EvalSkip": "actorsys.contracts",
         "EvalSupervisor": "actorsys.supervisor",
-        "Fleet": "actorsys.fleet",
+        "Fleet": "actorsys.fleet.engine",
         "JsonlSink": "actorsys.sinks",
         "LmEvalTasks": "actorsys.evals.lm_eval_tasks",
         "MemorySink": "actorsys.sinks",
         "Outcome": "actorsys.outcome",
-        "PinError": "actorsys.fleet",
-        "PinViolationError": "actorsys.fleet",
+        "PinError": "actorsys.fleet.engine",
+        "PinViolationError": "actorsys.fleet.engine",
         "RolloutFnConstructorInput": "actorsys.contracts",
         "RolloutFnEvalInput": "actorsys.contracts",
         "RolloutFnEvalOutput": "actorsys.contracts",
         "RolloutFnTrainInput": "actorsys.contracts",
         "RolloutFnTrainOutput": "actorsys.contracts",
-        "SGLangEngine": "actorsys.fleet",
+        "SGLangEngine": "actorsys.fleet.sglang",
         "ServerEvalFn": "actorsys.evals.server",
         "StagingInUseError": "actorsys._errors",
         "SubmitError": "actorsys._errors",
@@ -140,7 +137,7 @@ __getattr__, __dir__ = lazy_names(
         "SupervisorStatistics": "actorsys.outcome",
         "TensorBoardSink": "actorsys.sinks_tensorboard",
         "UnsupportedModelError": "actorsys._errors",
-        "VLLMEngine": "actorsys.fleet",
+        "VLLMEngine": "actorsys.fleet.vllm",
         "WandbSink": "actorsys.sinks_wandb",
         "WatchOutInUseError": "actorsys._errors",
         "datasets_from_args": "actorsys.evals.flags",
