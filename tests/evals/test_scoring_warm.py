@@ -18,12 +18,14 @@ from typing import Any, cast
 
 import pytest
 import trio
+import trio.testing
 
 from actorsys import EvalConfig, EvalSupervisor
 from actorsys.evals import DatasetEval, EvalDataset
 from tests.evals import slow_import_scorer
 from tests.evals.conftest import running
 from tests.evals.test_scoring_cold import ROOT, run_fresh
+from tests.fakes import RecordingEval
 
 SCORER_MODULES = ("actorsys.evals.scorers", "actorsys.evals.miles_rewards",
                   "actorsys.evals.remote_rm", "actorsys.evals.grading",
@@ -168,3 +170,33 @@ async def test_closing_the_supervisor_cancels_the_warming_and_kills_the_workers_
     assert report.clean
     assert closed_in < 30.0  # the import would take 600 s
     assert running(pids) == []
+
+
+class WarmingForever(RecordingEval):
+    """An eval fn whose warm-up never ends until cancelled."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.warming = trio.Event()
+        self.cancelled = False
+
+    async def _warm_up(self) -> None:
+        self.warming.set()
+        try:
+            await trio.sleep_forever()
+        except trio.Cancelled:
+            self.cancelled = True
+            raise
+
+
+async def test_the_eval_fns_warm_up_runs_in_the_background_and_close_cancels_it(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    eval_fn = WarmingForever()
+    with trio.fail_after(60):
+        async with EvalSupervisor.open(EvalConfig(), eval_fn=eval_fn) as sup:
+            await eval_fn.warming.wait()
+            assert await sup.submit(1, checkpoint_dir=tmp_path)
+            assert (await sup.drain()).settled == [1]
+        assert eval_fn.cancelled
+    assert [step for step, _, _ in eval_fn.seen] == [1]
