@@ -10,8 +10,14 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from actorsys import EvalConfig, MemorySink  # noqa: E402
+
+# One intra-op thread in the test process, as the engines it starts use (``engine --threads``
+# defaults to 1): on two cores, torch's OpenMP workers spin against the engines and the other
+# tests' processes, and a loop of small matmuls slows tenfold when the machine is busy.
+torch.set_num_threads(1)
 
 
 @pytest.fixture
