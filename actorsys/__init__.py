@@ -43,8 +43,8 @@ from actorsys.fleet import (
 )
 from actorsys.outcome import CloseReport, DrainReport, Outcome, SupervisorStatistics
 from actorsys.sinks import JsonlSink, MemorySink
-from actorsys.sinks_tensorboard import TensorBoardSink
-from actorsys.sinks_wandb import WandbSink
+from actorsys.sinks.tensorboard import TensorBoardSink
+from actorsys.sinks.wandb import WandbSink
 from actorsys.supervisor import EvalSupervisor
 
 __all__ = [

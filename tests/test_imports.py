@@ -16,10 +16,9 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("actorsys", "bridge")
 
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"_errors", "_files", "_tls", "_flags", "flag_groups", "runtime"}),
+    frozenset({"_errors", "_files", "_tls", "_flags", "_lock", "_jsonl", "flag_groups", "runtime"}),
     frozenset({"config", "contracts", "staging"}),
-    frozenset({"outcome", "snapshot", "fleet", "sinks", "sinks_fanout", "sinks_tensorboard",
-               "sinks_wandb", "metrics_file"}),
+    frozenset({"outcome", "snapshot", "fleet", "sinks", "sinks_fanout", "metrics_file"}),
     frozenset({"evals", "_core", "actors"}),
     frozenset({"supervisor", "__init__"}),
     frozenset({"watch", "integrations", "demo", "bridge"}),

@@ -289,15 +289,15 @@ def one_line(text: str, limit: int = 300) -> str:
 
 
 def _sinks(args: argparse.Namespace) -> Any:
-    from actorsys.sinks_fanout import FanoutSink
+    from actorsys.sinks.fanout import FanoutSink
 
     sinks: list[Any] = [PrintSink()]
     if args.tensorboard:
-        from actorsys.sinks_tensorboard import TensorBoardSink
+        from actorsys.sinks.tensorboard import TensorBoardSink
 
         sinks.append(TensorBoardSink(args.tensorboard))
     if args.wandb_project:
-        from actorsys.sinks_wandb import WandbSink
+        from actorsys.sinks.wandb import WandbSink
 
         sinks.append(WandbSink(project=args.wandb_project, job_type="eval"))
     return FanoutSink(sinks)

@@ -20,7 +20,7 @@ from actorsys import (
     TensorBoardSink,
     WandbSink,
 )
-from actorsys.sinks_fanout import FanoutSink, as_sink
+from actorsys.sinks.fanout import FanoutSink, as_sink
 from tests.fakes import RecordingEval, tiny_state_dict
 from tests.sinks.wandb_records import history_rows, step_metrics
 
