@@ -29,14 +29,8 @@ from contextlib import AbstractAsyncContextManager
 from functools import partial
 from typing import Any
 
-from actorsys._flags import int_at_least
-from actorsys.cli._conventions import (
-    EXIT_INTERRUPTED,
-    add_log_level,
-    existing_dir,
-    seconds,
-    setup_logging,
-)
+from actorsys._flags import int_at_least, seconds
+from actorsys.cli._conventions import EXIT_INTERRUPTED, add_log_level, existing_dir, setup_logging
 from actorsys.outcome import Outcome
 
 log = logging.getLogger("actorsys.watch")
