@@ -8,7 +8,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -142,14 +142,21 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def test_bridge_imports_no_private_actorsys_module() -> None:
-    private = {
+def imports_where(package: str, wrong: Callable[[str, str], bool]) -> set[tuple[str, str]]:
+    """(module, target) for each import of a module of ``package`` that is ``wrong(module,
+    target)``, those under ``if TYPE_CHECKING:`` included."""
+    return {
         (name, target)
         for name in MODULES
-        if name.startswith("bridge")
+        if name.split(".")[0] == package
         for target in imports(name, type_checking=True)
-        if target.startswith("actorsys") and any(p.startswith("_") for p in target.split("."))
+        if wrong(name, target)
     }
+
+
+def test_bridge_imports_no_private_actorsys_module() -> None:
+    private = imports_where("bridge", lambda name, target: target.startswith("actorsys") and any(
+        p.startswith("_") for p in target.split(".")))
     assert private == set()
 
 
@@ -177,13 +184,9 @@ def private_to(target: str) -> str | None:
 
 
 def test_no_package_imports_another_ones_private_module() -> None:
-    crossing = {
-        (name, target)
-        for name in MODULES
-        if name.startswith("actorsys")
-        for target in imports(name, type_checking=True)
-        if private_to(target) not in (None, unit(name))
-    }
+    crossing = imports_where(
+        "actorsys", lambda name, target: private_to(target) not in (None, unit(name))
+    )
     assert crossing == KNOWN_PRIVATE_IMPORTS
 
 

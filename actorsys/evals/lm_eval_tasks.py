@@ -27,7 +27,7 @@ from typing import Any
 import trio
 
 from actorsys._errors import ConfigError
-from actorsys._flags import require_int
+from actorsys._flags import require_int, require_seconds
 from actorsys.contracts import CheckpointEvalFn, EvalSkip, RolloutFnEvalInput, RolloutFnEvalOutput
 from actorsys.evals._door import FleetDoor
 from actorsys.fleet.completions import StaleWeightsError
@@ -87,9 +87,7 @@ class LmEvalTasks(CheckpointEvalFn):
         self.gen_kwargs = dict(gen_kwargs) if isinstance(gen_kwargs, Mapping) else gen_kwargs
         self.log_samples = bool(log_samples)
         self.batch_size = _count("batch_size", batch_size, minimum=1)
-        if not isinstance(request_timeout, int | float) or not request_timeout > 0:
-            raise ConfigError("request_timeout", f"expected seconds > 0, got {request_timeout!r}")
-        self.request_timeout = float(request_timeout)
+        self.request_timeout = require_seconds("request_timeout", request_timeout)
         self.max_retries = _count("max_retries", max_retries, minimum=1)
         self._tracker = ThreadTracker()
         self._limiter = trio.CapacityLimiter(math.inf)
