@@ -3,8 +3,9 @@
 The metrics file (:class:`~actorsys.sinks.JsonlSink`, ``watch``'s ``metrics.jsonl``) and the
 watch ledger are one JSON object a line. :func:`append_lines` writes lines in one ``write`` on
 a file opened for appending (through :func:`~actorsys._files.open_private`: never through a
-link), then fsyncs it, so a crash leaves at most a torn last line; a file whose last line is
-torn gets a newline first, so the next line starts whole. :func:`read_lines` reads every line,
+link), then fsyncs it (the ledger, which a restart resumes from; a sink's lines only reach the
+OS), so a crash leaves at most a torn last line; a file whose last line is torn gets a newline
+first, so the next line starts whole. :func:`read_lines` reads every line,
 giving each JSON object with its line number, or the reason a line is none (torn, another
 JSON value, nested too deeply to parse), for the caller to warn about and skip. Blocking.
 """
@@ -27,9 +28,10 @@ def encode_line(row: Mapping[str, Any]) -> str:
     return json.dumps(row, default=repr) + "\n"
 
 
-def append_lines(path: str, lines: Sequence[str]) -> None:
+def append_lines(path: str, lines: Sequence[str], *, fsync: bool = True) -> None:
     """Append ``lines`` (each newline ended, from :func:`encode_line`) to ``path`` in one
-    write, and fsync; the file is created if missing. Raises ``OSError`` or
+    write, then fsync it (unless ``fsync`` is false: the lines then survive a crash of this
+    process, not of the machine); the file is created if missing. Raises ``OSError`` or
     :class:`~actorsys._errors.UnsafePathError`."""
     if not lines:
         return
@@ -42,7 +44,8 @@ def append_lines(path: str, lines: Sequence[str]) -> None:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]
-        os.fsync(fd)
+        if fsync:
+            os.fsync(fd)
     finally:
         os.close(fd)
 

@@ -18,13 +18,14 @@ log = logging.getLogger("actorsys.sinks")
 
 
 class JsonlSink:
-    """Appends one JSON object a line to ``path``, fsynced as it comes, from a writer thread.
+    """Appends one JSON object a line to ``path`` as it comes, from a writer thread.
 
     ``record`` never blocks: it turns the outcome into its line (values JSON cannot hold are
     written as their ``repr``) and hands it to the sink's own writer thread, which appends the
-    lines waiting at each turn in one fsynced write (:func:`actorsys._jsonl.append_lines`: a
-    torn last line of an earlier run is ended first). A write that fails is logged by that
-    thread and counted in ``errors`` (one a line); the lines after it are still tried.
+    lines waiting at each turn in one write (:func:`actorsys._jsonl.append_lines`, not fsynced:
+    a line survives a crash of this process; a torn last line of an earlier run is ended
+    first). A write that fails is logged by that thread and counted in ``errors`` (one a
+    line); the lines after it are still tried.
     ``flush()`` blocks until every line recorded so far is written; ``close()`` flushes and
     stops the thread (both block the calling thread: from trio, call them through
     ``actorsys.runtime.run_blocking``). The supervisor does not own the sink: whoever made it
@@ -97,7 +98,7 @@ class JsonlSink:
 
     def _append(self, batch: list[str]) -> None:
         try:
-            append_lines(self.path, batch)
+            append_lines(self.path, batch, fsync=False)
         except (OSError, UnsafePathError):
             self.errors += len(batch)
             log.exception("JsonlSink could not write to %s", self.path)
