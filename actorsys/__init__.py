@@ -49,8 +49,8 @@ if TYPE_CHECKING:
     from actorsys.fleet.vllm import VLLMEngine
     from actorsys.outcome import CloseReport, DrainReport, Outcome, SupervisorStatistics
     from actorsys.sinks import JsonlSink, MemorySink
-    from actorsys.sinks_tensorboard import TensorBoardSink
-    from actorsys.sinks_wandb import WandbSink
+    from actorsys.sinks.tensorboard import TensorBoardSink
+    from actorsys.sinks.wandb import WandbSink
     from actorsys.supervisor import EvalSupervisor
 
 __all__ = [
@@ -135,10 +135,10 @@ __getattr__, __dir__ = lazy_names(
         "SupervisorClosedError": "actorsys._errors",
         "SupervisorGaveUpError": "actorsys._errors",
         "SupervisorStatistics": "actorsys.outcome",
-        "TensorBoardSink": "actorsys.sinks_tensorboard",
+        "TensorBoardSink": "actorsys.sinks.tensorboard",
         "UnsupportedModelError": "actorsys._errors",
         "VLLMEngine": "actorsys.fleet.vllm",
-        "WandbSink": "actorsys.sinks_wandb",
+        "WandbSink": "actorsys.sinks.wandb",
         "WatchOutInUseError": "actorsys._errors",
         "datasets_from_args": "actorsys.evals.flags",
         "load_eval_config": "actorsys.evals.eval_config",

@@ -9,15 +9,23 @@ under its usual name, and miles' ``{rollout_id}`` in a ``--save-hf`` pattern rea
 
 Values are checked by building the config itself, so a bad one is reported by argparse under
 its flag with EvalConfig's own message.
+
+This module is also the one home of what every flag of actorsys shares: :func:`add_flag` (a
+flag the trainer's parser already defines is left to it), :func:`add_flags` and
+:func:`checked` (a :class:`Flag`'s argparse ``type``: parsed, then checked by the feature that
+owns it, a bad value one line under its flag), and the rules for integers and seconds that the
+config, the features and the commands check against (:func:`require_int`,
+:func:`require_seconds`, :func:`int_at_least`, :func:`seconds`).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, overload
 
 from actorsys._errors import ConfigError
 
@@ -31,7 +39,7 @@ class Flag:
     option: str
     field: str
     parse: Callable[[str], Any]
-    metavar: str
+    metavar: str | None
     help: str
     choices: tuple[str, ...] | None = None
     miles_fallback: str | None = None
@@ -87,6 +95,61 @@ FLAGS = (
 )
 
 
+def add_flag(group: argparse._ArgumentGroup, option: str, **kwargs: Any) -> bool:
+    """``group.add_argument(option, **kwargs)`` unless the group's parser already defines
+    ``option`` (a trainer's own flag wins; its value is read back under its usual name).
+    True if it was added."""
+    try:
+        group.add_argument(option, **kwargs)
+    except argparse.ArgumentError:
+        return False
+    return True
+
+
+Check = Callable[["Flag", Any], Any]
+"""Checks a flag's parsed value: returns the value to keep or raises :class:`ConfigError`."""
+
+
+def add_flags(
+    group: argparse._ArgumentGroup,
+    flags: Iterable[Flag],
+    check: Check | None = None,
+    *,
+    message: Callable[[ConfigError], str] = str,
+) -> None:
+    """Add each of ``flags`` (unset: None) that the parser lacks, typed by :func:`checked`."""
+    for flag in flags:
+        add_flag(
+            group, flag.option, dest=flag.dest, type=checked(flag, check, message=message),
+            choices=flag.choices, default=None, metavar=flag.metavar, help=flag.help,
+        )
+
+
+def checked(
+    flag: Flag, check: Check | None = None, *, message: Callable[[ConfigError], str] = str
+) -> Callable[[str], Any]:
+    """``flag``'s argparse ``type``: ``flag.parse(text)`` (a ``ValueError`` is one line saying
+    what the text is not), then ``check(flag, value)`` (a :class:`ConfigError` becomes the
+    argparse error ``message(error)``)."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = flag.parse(text)
+        except ValueError as exc:
+            kind = {int: "an integer", float: "a number", on_off: "on or off"}.get(
+                flag.parse, "valid"
+            )
+            raise argparse.ArgumentTypeError(f"{text!r} is not {kind}") from exc
+        if check is None:
+            return value
+        try:
+            return check(flag, value)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(message(exc)) from exc
+
+    return parse
+
+
 def add_arguments(
     parser: argparse.ArgumentParser, config_cls: type[Any]
 ) -> argparse._ArgumentGroup:
@@ -95,20 +158,18 @@ def add_arguments(
     group = parser.add_argument_group(
         "evaluation", "non-blocking evaluation of weight snapshots (actorsys)"
     )
-    for flag in FLAGS:
+
+    def in_config(flag: Flag, value: Any) -> Any:
+        config_cls(**{flag.field: value})
+        return value
+
+    def with_default(flag: Flag) -> Flag:
         default = defaults[flag.field]
-        try:
-            group.add_argument(
-                flag.option,
-                dest=flag.dest,
-                type=_checked(flag, config_cls),
-                choices=flag.choices,
-                default=None,
-                metavar=flag.metavar,
-                help=f"{flag.help} (default: {'unset' if default is None else default})",
-            )
-        except argparse.ArgumentError:
-            continue  # the trainer defines this flag itself; from_args reads its value
+        return dataclasses.replace(
+            flag, help=f"{flag.help} (default: {'unset' if default is None else default})"
+        )
+
+    add_flags(group, map(with_default, FLAGS), in_config)
     return group
 
 
@@ -127,34 +188,70 @@ def flag_of(field: str) -> str | None:
     return next((flag.option for flag in FLAGS if flag.field == field), None)
 
 
-def _checked(flag: Flag, config_cls: type[Any]) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
-        try:
-            value = flag.parse(text)
-        except ValueError as exc:
-            kind = {int: "an integer", float: "a number", on_off: "on or off"}.get(
-                flag.parse, "valid"
-            )
-            raise argparse.ArgumentTypeError(f"{text!r} is not {kind}") from exc
-        try:
-            config_cls(**{flag.field: value})
-        except ConfigError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from exc
-        return value
+def _integer(minimum: int) -> str:
+    return f"an integer >= {minimum}"
 
-    return parse
+
+def require_int(name: str, value: object, *, minimum: int) -> int:
+    """Return ``value``, or raise :class:`ConfigError` naming ``name``: an int (not a bool) of
+    at least ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(name, f"expected {_integer(minimum)}, got {value!r}")
+    return value
 
 
 def int_at_least(minimum: int) -> Callable[[str], int]:
     """An argparse ``type``: an integer of at least ``minimum``, else a one-line error."""
     def parse(text: str) -> int:
         try:
-            value = int(text)
-        except ValueError:
-            value = minimum - 1
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}")
-        return value
+            return require_int("value", int(text), minimum=minimum)
+        except ValueError:  # ConfigError is one
+            raise argparse.ArgumentTypeError(
+                f"expected {_integer(minimum)}, got {text!r}"
+            ) from None
 
-    parse.__name__ = f"integer >= {minimum}"
+    parse.__name__ = _integer(minimum)
     return parse
+
+
+def _seconds(*, optional: bool = False, allow_zero: bool = False) -> str:
+    return f"a number of seconds {'>=' if allow_zero else '>'} 0" + (" or None" if optional else "")
+
+
+@overload
+def require_seconds(
+    name: str, value: object, *, optional: Literal[False] = False, allow_zero: bool = False
+) -> float: ...
+
+
+@overload
+def require_seconds(
+    name: str, value: object, *, optional: bool, allow_zero: bool = False
+) -> float | None: ...
+
+
+def require_seconds(
+    name: str, value: object, *, optional: bool = False, allow_zero: bool = False
+) -> float | None:
+    """Return ``value`` as seconds, or raise :class:`ConfigError` naming ``name``: a finite
+    number > 0 (>= 0 with ``allow_zero``), or None if ``optional``."""
+    if value is None and optional:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 0
+        or (value == 0 and not allow_zero)
+    ):
+        raise ConfigError(name, f"expected {_seconds(optional=optional, allow_zero=allow_zero)}, "
+                                f"got {value!r}")
+    return float(value)
+
+
+def seconds(text: str) -> float:
+    """An argparse ``type``: a finite number of seconds > 0, else a one-line error."""
+    try:
+        return require_seconds("seconds", float(text))
+    except ValueError:  # ConfigError is one
+        raise argparse.ArgumentTypeError(f"expected {_seconds()}, got {text!r}") from None

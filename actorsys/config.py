@@ -17,14 +17,16 @@ it accepts.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 from dataclasses import dataclass
-from typing import Any, Literal, overload
+from typing import Any, Literal
 
 from actorsys import _flags
 from actorsys._errors import ConfigError
+from actorsys._flags import require_int, require_seconds
 from actorsys.flag_groups import add_registered_flags
+
+__all__ = ["OVERFLOW_POLICIES", "EvalConfig", "Overflow", "require_seconds"]
 
 Overflow = Literal["backpressure", "skip", "latest"]
 OVERFLOW_POLICIES: tuple[Overflow, ...] = ("backpressure", "skip", "latest")
@@ -96,12 +98,12 @@ class EvalConfig:
             )
         if not isinstance(self.probe, bool):
             raise ConfigError("probe", f"expected True or False, got {self.probe!r}")
-        _require_int("max_in_flight", self.max_in_flight, minimum=1)
-        _require_int("keep_snapshots", self.keep_snapshots, minimum=0)
-        _require_int("pin_retries", self.pin_retries, minimum=0)
-        _require_int("max_restarts", self.max_restarts, minimum=0)
-        _require_int("max_shard_size", self.max_shard_size, minimum=1)
-        _require_int("eval_rank", self.eval_rank, minimum=0)
+        require_int("max_in_flight", self.max_in_flight, minimum=1)
+        require_int("keep_snapshots", self.keep_snapshots, minimum=0)
+        require_int("pin_retries", self.pin_retries, minimum=0)
+        require_int("max_restarts", self.max_restarts, minimum=0)
+        require_int("max_shard_size", self.max_shard_size, minimum=1)
+        require_int("eval_rank", self.eval_rank, minimum=0)
         for name in ("export_timeout", "eval_timeout"):
             require_seconds(name, getattr(self, name), optional=True)
         for name in ("pin_timeout", "close_timeout", "restart_period", "collective_timeout"):
@@ -148,40 +150,3 @@ class EvalConfig:
     def reuse_path(self, step: int) -> str | None:
         """Where the trainer saved the checkpoint of ``step`` (reuse mode), or None."""
         return None if self.save_hf is None else self.save_hf.format(step=step)
-
-
-def _require_int(name: str, value: object, *, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(name, f"expected an integer >= {minimum}, got {value!r}")
-
-
-@overload
-def require_seconds(
-    name: str, value: object, *, optional: Literal[False] = False, allow_zero: bool = False
-) -> float: ...
-
-
-@overload
-def require_seconds(
-    name: str, value: object, *, optional: bool, allow_zero: bool = False
-) -> float | None: ...
-
-
-def require_seconds(
-    name: str, value: object, *, optional: bool = False, allow_zero: bool = False
-) -> float | None:
-    """Return ``value`` as seconds, or raise :class:`ConfigError` naming ``name``: a finite
-    number > 0 (>= 0 with ``allow_zero``), or None if ``optional``."""
-    if value is None and optional:
-        return None
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value < 0
-        or (value == 0 and not allow_zero)
-    ):
-        allowed = f"a number of seconds {'>=' if allow_zero else '>'} 0"
-        allowed += " or None" if optional else ""
-        raise ConfigError(name, f"expected {allowed}, got {value!r}")
-    return float(value)

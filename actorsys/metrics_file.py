@@ -7,17 +7,16 @@ line, never fatal.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from actorsys._jsonl import read_lines
 from actorsys.outcome import PIPELINE_METRICS
 
 log = logging.getLogger("actorsys.cli")
-
 
 
 @dataclass(frozen=True)
@@ -36,41 +35,31 @@ class Point:
 
 
 def read_points(path: str | os.PathLike[str]) -> list[Point]:
-    """Every point of the file at ``path``, in file order."""
+    """Every point of the file at ``path``, in file order. Blocking."""
     points: list[Point] = []
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = _record(line)
-                metrics = {
-                    k: float(v)
-                    for k, v in (row.get("metrics") or {}).items()
-                    if isinstance(v, int | float) and not isinstance(v, bool)
-                }
-                points.append(
-                    Point(
-                        step=int(row["step"]),
-                        status=str(row["status"]),
-                        reason=None if row.get("reason") is None else str(row["reason"]),
-                        metrics=metrics,
-                        checkpoint=row.get("checkpoint") or row.get("snapshot"),
-                    )
-                )
-            except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as exc:
-                log.warning("%s line %d is not a metrics record (%s); skipped", path, number, exc)
+    for line in read_lines(path):
+        try:
+            if line.row is None:
+                raise ValueError(line.problem)
+            points.append(_point(line.row))
+        except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as exc:
+            log.warning("%s line %d is not a metrics record (%s); skipped", path, line.number, exc)
     return points
 
 
-def _record(line: str) -> dict[str, Any]:
-    try:
-        row = json.loads(line)
-    except RecursionError:
-        raise ValueError("JSON nested too deeply to parse") from None
-    if not isinstance(row, dict):
-        raise TypeError(f"a JSON {type(row).__name__}, not an object")
-    return row
+def _point(row: dict[str, Any]) -> Point:
+    metrics = {
+        k: float(v)
+        for k, v in (row.get("metrics") or {}).items()
+        if isinstance(v, int | float) and not isinstance(v, bool)
+    }
+    return Point(
+        step=int(row["step"]),
+        status=str(row["status"]),
+        reason=None if row.get("reason") is None else str(row["reason"]),
+        metrics=metrics,
+        checkpoint=row.get("checkpoint") or row.get("snapshot"),
+    )
 
 
 def score_metrics(points: Sequence[Point]) -> list[str]:

@@ -43,7 +43,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedModel
 from actorsys import CheckpointEvalFn, EvalConfig, EvalSupervisor, MemorySink
 from actorsys.contracts import RolloutFnEvalInput, RolloutFnEvalOutput
 from actorsys.outcome import EXPORT_TIME_SECONDS
-from actorsys.snapshot._write import fsync_tree
+from actorsys.snapshot import fsync_tree
 
 MB = 1000**2
 MAX_IN_FLIGHT = 2

@@ -20,7 +20,7 @@ from actorsys import ConfigError, SupervisorClosedError
 from actorsys.config import EvalConfig, require_seconds
 from actorsys.outcome import CloseReport, DrainReport, SupervisorStatistics
 from actorsys.sinks import Sink
-from actorsys.sinks_fanout import as_sink
+from actorsys.sinks.fanout import as_sink
 from actorsys.snapshot import CapturedWeights, PoolStatistics
 from actorsys.supervisor import Reservation, SubmitRequest, is_collective_job
 from bridge._budgets import trio_share

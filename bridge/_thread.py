@@ -25,7 +25,7 @@ import trio
 from actorsys.config import EvalConfig
 from actorsys.outcome import Outcome, SupervisorStatistics
 from actorsys.sinks import Sink
-from actorsys.sinks_fanout import CallbackSink, FanoutSink
+from actorsys.sinks.fanout import CallbackSink, FanoutSink
 from actorsys.supervisor import EvalSupervisor
 
 log = logging.getLogger("actorsys.bridge")

@@ -57,8 +57,14 @@ from actorsys.config import EvalConfig
 from actorsys.outcome import DrainReport, Outcome
 from actorsys.runtime import ThreadTracker, run_blocking
 from actorsys.sinks import Sink
-from actorsys.snapshot import BufferLease, BufferPool, CapturedWeights, StatePlan, plan_state
-from actorsys.snapshot._capture import capture_shards
+from actorsys.snapshot import (
+    BufferLease,
+    BufferPool,
+    CapturedWeights,
+    StatePlan,
+    capture_shards,
+    plan_state,
+)
 from actorsys.snapshot._sharded import write_pieces
 
 log = logging.getLogger("actorsys")

@@ -1,16 +1,14 @@
 """One staging dir, one job: the claim a supervisor takes on ``hf_dir`` at open.
 
-Opening claims the staging dir with an OS lock (``fcntl.flock`` on ``<hf_dir>/.actorsys.lock``,
-the holder's pid written in it), then sweeps the tmp dirs an earlier, dead run left there.
-A second supervisor on the same dir (in this process or another) gets
-:class:`~actorsys.StagingInUseError` naming the holder's pid and touches nothing. The lock is
-released at close, and by the OS when the holding process dies, so a crashed job never leaves
-the dir locked. The sweep runs only under the lock: it can never remove a live job's tmp dirs.
-At release the lock file is removed while still locked; an opener that locked a file since
-removed finds that its path names another file now and tries again, so two openers can never
-both hold the dir. The lock file is opened without following links (``_files.open_private``):
-a link planted there is refused (:class:`~actorsys._errors.UnsafePathError`), never truncated
-through.
+Opening claims the staging dir with an OS lock (:class:`actorsys._lock.PidLock` on
+``<hf_dir>/.actorsys.lock``, the holder's pid written in it), then sweeps the tmp dirs an
+earlier, dead run left there. A second supervisor on the same dir (in this process or another)
+gets :class:`~actorsys.StagingInUseError` naming the holder's pid and touches nothing. The lock
+is released at close, and by the OS when the holding process dies, so a crashed job never
+leaves the dir locked. The sweep runs only under the lock: it can never remove a live job's tmp
+dirs. At release the lock file is removed while still locked (the lock's own retry keeps two
+openers from both holding the dir); a link planted under its name is refused
+(:class:`~actorsys._errors.UnsafePathError`), never truncated through.
 
 The hook for a sharded job (``torch.distributed``): the evaluating rank claims the dir with
 ``lock=True``; the other ranks of the same job open it with ``lock=False``, which prepares the
@@ -22,8 +20,6 @@ Everything here blocks on the file system: ``open_staging`` runs it in a worker 
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import logging
 import os
 
@@ -31,7 +27,7 @@ import trio
 
 from actorsys import staging
 from actorsys._errors import StagingInUseError
-from actorsys._files import open_private
+from actorsys._lock import PidLock
 from actorsys.runtime import ThreadTracker, run_blocking
 
 log = logging.getLogger("actorsys")
@@ -42,25 +38,19 @@ LOCK_NAME = ".actorsys.lock"
 class StagingClaim:
     """A prepared staging dir (``path``, absolute) and, if this job holds it, its lock."""
 
-    def __init__(self, path: str, lock_fd: int | None) -> None:
+    def __init__(self, path: str, lock: PidLock | None) -> None:
         self.path = path
-        self._lock_fd = lock_fd
+        self._lock = lock
 
     @property
     def locked(self) -> bool:
-        return self._lock_fd is not None
+        return self._lock is not None and self._lock.held
 
     def release(self) -> None:
         """Remove the lock file and give the lock back (closing its file releases it).
         Idempotent. Blocking."""
-        fd, self._lock_fd = self._lock_fd, None
-        if fd is None:
-            return
-        try:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(self.path, LOCK_NAME))
-        finally:
-            os.close(fd)
+        if self._lock is not None:
+            self._lock.release(remove=True)
 
 
 def claim_staging_dir(path: str, *, lock: bool = True) -> StagingClaim:
@@ -72,7 +62,9 @@ def claim_staging_dir(path: str, *, lock: bool = True) -> StagingClaim:
     path = staging.prepare_staging_dir(path)
     if not lock:
         return StagingClaim(path, None)
-    claim = StagingClaim(path, _take_lock(path))
+    lock_file = PidLock(os.path.join(path, LOCK_NAME), lambda pid: StagingInUseError(path, pid))
+    lock_file.acquire()
+    claim = StagingClaim(path, lock_file)
     try:
         for removed in staging.sweep(path):
             log.info("removed %s left by an earlier run", removed)
@@ -104,39 +96,3 @@ async def open_staging(path: str, tracker: ThreadTracker, *, lock: bool = True) 
         if claim is not None:
             claim.release()
         raise
-
-
-def _take_lock(path: str) -> int:
-    lock_path = os.path.join(path, LOCK_NAME)
-    while True:
-        fd = open_private(lock_path, os.O_RDWR | os.O_CREAT)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if _same_file(fd, lock_path):
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-                return fd
-        except BlockingIOError:
-            pid = _holder(fd)
-            os.close(fd)
-            raise StagingInUseError(path, pid) from None
-        except BaseException:
-            os.close(fd)
-            raise
-        # The holder released (and removed) this file between our open and our lock.
-        os.close(fd)
-
-
-def _same_file(fd: int, path: str) -> bool:
-    try:
-        named = os.stat(path)
-    except FileNotFoundError:
-        return False
-    held = os.fstat(fd)
-    return (held.st_dev, held.st_ino) == (named.st_dev, named.st_ino)
-
-
-def _holder(fd: int) -> int | None:
-    with contextlib.suppress(OSError, ValueError):
-        return int(os.pread(fd, 32, 0).decode().strip())
-    return None

@@ -38,7 +38,7 @@ from actorsys.fleet import Fleet
 from actorsys.outcome import SupervisorStatistics
 from actorsys.runtime import ActorSupervisor, ChildSpec, Restart, ThreadTracker
 from actorsys.sinks import Sink
-from actorsys.sinks_fanout import as_sink
+from actorsys.sinks.fanout import as_sink
 from actorsys.snapshot import BufferPool, prepare_like_checkpoint
 
 log = logging.getLogger("actorsys")

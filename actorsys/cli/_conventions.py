@@ -1,5 +1,6 @@
 """What every command shares: one-line argument errors, logging to stderr, argument types
-whose messages say what is expected."""
+whose messages say what is expected (the rules for numbers and seconds are
+:mod:`actorsys._flags`')."""
 
 from __future__ import annotations
 
@@ -45,17 +46,6 @@ def setup_logging(level: str) -> None:
     )
     if level.lower() != "debug":
         logging.getLogger("httpx").setLevel(logging.WARNING)
-
-
-
-def seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
-    return value
 
 
 def existing_dir(text: str) -> str:

@@ -29,14 +29,8 @@ from contextlib import AbstractAsyncContextManager
 from functools import partial
 from typing import Any
 
-from actorsys._flags import int_at_least
-from actorsys.cli._conventions import (
-    EXIT_INTERRUPTED,
-    add_log_level,
-    existing_dir,
-    seconds,
-    setup_logging,
-)
+from actorsys._flags import int_at_least, seconds
+from actorsys.cli._conventions import EXIT_INTERRUPTED, add_log_level, existing_dir, setup_logging
 from actorsys.outcome import Outcome
 
 log = logging.getLogger("actorsys.watch")
@@ -289,15 +283,15 @@ def one_line(text: str, limit: int = 300) -> str:
 
 
 def _sinks(args: argparse.Namespace) -> Any:
-    from actorsys.sinks_fanout import FanoutSink
+    from actorsys.sinks.fanout import FanoutSink
 
     sinks: list[Any] = [PrintSink()]
     if args.tensorboard:
-        from actorsys.sinks_tensorboard import TensorBoardSink
+        from actorsys.sinks.tensorboard import TensorBoardSink
 
         sinks.append(TensorBoardSink(args.tensorboard))
     if args.wandb_project:
-        from actorsys.sinks_wandb import WandbSink
+        from actorsys.sinks.wandb import WandbSink
 
         sinks.append(WandbSink(project=args.wandb_project, job_type="eval"))
     return FanoutSink(sinks)

@@ -29,7 +29,7 @@ from actorsys.fleet.local import VLLM_PYTHON
 from actorsys.metrics_file import Point
 from actorsys.outcome import Outcome
 from actorsys.sinks import JsonlSink
-from actorsys.sinks_fanout import FanoutSink
+from actorsys.sinks.fanout import FanoutSink
 from actorsys.watch.fleets import engine_specs
 
 log = logging.getLogger("actorsys.demo")

@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from actorsys._errors import ConfigError
-from actorsys._flags import Flag
+from actorsys._flags import Flag, add_flag, add_flags
 from actorsys.evals.datasets import DatasetError, EvalDataset
 from actorsys.evals.eval_config import load_eval_config
 from actorsys.evals.scorers import SCORERS, check_scorer
@@ -93,34 +93,14 @@ class _Pairs(argparse.Action):
 @register_flags
 def add_dataset_arguments(group: argparse._ArgumentGroup) -> None:
     """Add the eval-data flags to ``group`` (skipping flags its parser already defines)."""
-    try:
-        group.add_argument(
-            "--eval-prompt-data", dest="eval_prompt_data", nargs="+", action=_Pairs,
-            metavar="NAME PATH", default=None,
-            help="eval datasets as NAME PATH pairs of JSONL files",
-        )
-    except argparse.ArgumentError:
-        pass
-    try:
-        group.add_argument(
-            "--eval-config", dest="eval_config", metavar="FILE", default=None,
-            help="YAML file of eval datasets: {defaults: {...}, datasets: [{name, path, ...}]}",
-        )
-    except argparse.ArgumentError:
-        pass
-    for flag in (*SETTING_FLAGS, CUSTOM_RM_FLAG):
-        try:
-            group.add_argument(
-                flag.option, dest=flag.dest, type=_checked(flag), default=None,
-                metavar=flag.metavar, help=flag.help,
-            )
-        except argparse.ArgumentError:
-            continue
-    try:
-        group.add_argument(CHAT_TEMPLATE_FLAG.option, dest=CHAT_TEMPLATE_FLAG.dest,
-                           action="store_true", default=None, help=CHAT_TEMPLATE_FLAG.help)
-    except argparse.ArgumentError:
-        pass
+    add_flag(group, "--eval-prompt-data", dest="eval_prompt_data", nargs="+", action=_Pairs,
+             metavar="NAME PATH", default=None,
+             help="eval datasets as NAME PATH pairs of JSONL files")
+    add_flag(group, "--eval-config", dest="eval_config", metavar="FILE", default=None,
+             help="YAML file of eval datasets: {defaults: {...}, datasets: [{name, path, ...}]}")
+    add_flags(group, (*SETTING_FLAGS, CUSTOM_RM_FLAG), _check_setting, message=_message)
+    add_flag(group, CHAT_TEMPLATE_FLAG.option, dest=CHAT_TEMPLATE_FLAG.dest, action="store_true",
+             default=None, help=CHAT_TEMPLATE_FLAG.help)
 
 
 def dataset_settings(namespace: argparse.Namespace) -> dict[str, Any]:
@@ -190,29 +170,20 @@ def datasets_from_args(namespace: argparse.Namespace) -> list[EvalDataset]:
     return datasets
 
 
-def _checked(flag: Flag) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
-        try:
-            value = flag.parse(text)
-        except ValueError as exc:
-            kind = "an integer" if flag.parse is int else "a number"
-            raise argparse.ArgumentTypeError(f"{text!r} is not {kind}") from exc
-        try:
-            if flag.field == "scorer":
-                return check_scorer(value)
-            if flag.field == "chat_template_kwargs":
-                return template_kwargs(value)
-            if flag.field in ("input_key", "label_key", "tool_key", "metadata_key"):
-                if not value:
-                    raise argparse.ArgumentTypeError("expected a key name")
-                return value
-            EvalDataset(name="flag", records=(SAMPLE_RECORD,), **{flag.field: value})
-        except ConfigError as exc:
-            raise argparse.ArgumentTypeError(_one_line(str(exc).split(": ", 1)[-1])) from exc
+def _check_setting(flag: Flag, value: Any) -> Any:
+    """A dataset setting's flag value as the dataset takes it (:class:`ConfigError` if not)."""
+    if flag.field == "scorer":
+        return check_scorer(value)
+    if flag.field == "chat_template_kwargs":
+        return template_kwargs(value)
+    if flag.field in ("input_key", "label_key", "tool_key", "metadata_key"):
+        if not value:
+            raise argparse.ArgumentTypeError("expected a key name")
         return value
+    EvalDataset(name="flag", records=(SAMPLE_RECORD,), **{flag.field: value})
+    return value
 
-    return parse
 
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
+def _message(error: ConfigError) -> str:
+    """The dataset's message without its field (argparse names the flag), on one line."""
+    return " ".join(str(error).split(": ", 1)[-1].split())

@@ -9,7 +9,9 @@ Every point runs ``lm_eval.simple_evaluate`` with lm-eval's own ``local-completi
 so the prompts, the few-shot contexts and the scoring are the harness' and the numbers are the
 ones users already compare. The snapshot directory is its tokenizer (tokens are counted and
 truncated exactly as the served model sees them); requests go through a :class:`RequestGate`
-to the fleet's router, or round-robin over its engines. Needs the extra ``lm-eval``.
+to the fleet's router, or round-robin over its engines. Needs the extra ``lm-eval``. The
+snapshot's files are checked and read in worker threads (``run_blocking``), never on the trio
+thread.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 import trio
 
 from actorsys._errors import ConfigError
+from actorsys._flags import require_int, require_seconds
 from actorsys.contracts import CheckpointEvalFn, EvalSkip, RolloutFnEvalInput, RolloutFnEvalOutput
 from actorsys.evals._door import FleetDoor
 from actorsys.fleet.completions import StaleWeightsError
@@ -84,9 +87,7 @@ class LmEvalTasks(CheckpointEvalFn):
         self.gen_kwargs = dict(gen_kwargs) if isinstance(gen_kwargs, Mapping) else gen_kwargs
         self.log_samples = bool(log_samples)
         self.batch_size = _count("batch_size", batch_size, minimum=1)
-        if not isinstance(request_timeout, int | float) or not request_timeout > 0:
-            raise ConfigError("request_timeout", f"expected seconds > 0, got {request_timeout!r}")
-        self.request_timeout = float(request_timeout)
+        self.request_timeout = require_seconds("request_timeout", request_timeout)
         self.max_retries = _count("max_retries", max_retries, minimum=1)
         self._tracker = ThreadTracker()
         self._limiter = trio.CapacityLimiter(math.inf)
@@ -104,7 +105,13 @@ class LmEvalTasks(CheckpointEvalFn):
         in a worker thread; raises :class:`~actorsys.EvalSkip` ``pin_violation`` if an engine
         answered with other weights, ``unhealthy`` if the fleet failed lm-eval's requests."""
         door = FleetDoor(input.fleet, checkpoint_dir, who="LmEvalTasks")
-        _require_tokenizer(checkpoint_dir)
+        max_length = await run_blocking(
+            lambda: _tokenizer_context(checkpoint_dir),
+            abandon_on_cancel=True,
+            limiter=self._limiter,
+            description=f"read the tokenizer and config of {checkpoint_dir}",
+            tracker=self._tracker,
+        )
 
         async def work(url: str, model: str) -> Any:
             model_args = {
@@ -115,7 +122,7 @@ class LmEvalTasks(CheckpointEvalFn):
                 "num_concurrent": self.num_concurrent,
                 "max_retries": self.max_retries,
                 "timeout": self.request_timeout,
-                "max_length": _max_length(checkpoint_dir),
+                "max_length": max_length,
             }
             return await run_blocking(
                 lambda: self._simple_evaluate(model_args),
@@ -197,6 +204,13 @@ def output_of(results: Mapping[str, Any], *, log_samples: bool) -> RolloutFnEval
     return RolloutFnEvalOutput(data=data, metrics=metrics)
 
 
+def _tokenizer_context(checkpoint_dir: str) -> int:
+    """The context length lm-eval may use with ``checkpoint_dir``; raises
+    :class:`~actorsys.EvalSkip` ``ckpt_invalid`` if it holds no tokenizer. Blocking."""
+    _require_tokenizer(checkpoint_dir)
+    return _max_length(checkpoint_dir)
+
+
 def _max_length(checkpoint_dir: str) -> int:
     """The context length lm-eval's ``hf`` model reads from the same config (so both truncate
     alike, and no request exceeds the served model's positions)."""
@@ -247,9 +261,7 @@ def _include_path(path: Any) -> str | list[str] | None:
 def _count(field: str, value: Any, *, minimum: int) -> Any:
     if value is None and field == "num_fewshot":
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(field, f"expected an integer >= {minimum}, got {value!r}")
-    return value
+    return require_int(field, value, minimum=minimum)
 
 
 def _limit(limit: Any) -> int | float | None:

@@ -19,6 +19,7 @@ from functools import partial
 from typing import Any, Protocol
 
 from actorsys._errors import ConfigError
+from actorsys._flags import require_int
 from actorsys.contracts import EvalSkip, RolloutFnEvalOutput
 from actorsys.evals.datasets import EvalDataset
 from actorsys.evals.grading import Grader, grading_input
@@ -69,9 +70,8 @@ def check_datasets(owner: str, datasets: EvalDataset | Sequence[EvalDataset]) ->
 
 
 def check_limits(owner: str, concurrency: object, retries: object) -> None:
-    for name, value, minimum in (("concurrency", concurrency, 1), ("retries", retries, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ConfigError(f"{owner}({name})", f"expected an integer >= {minimum}, got {value!r}")
+    require_int(f"{owner}(concurrency)", concurrency, minimum=1)
+    require_int(f"{owner}(retries)", retries, minimum=0)
 
 
 async def evaluate_datasets(

@@ -22,6 +22,7 @@ import anyio
 import httpx
 
 from actorsys._errors import ConfigError, ConfigTypeError
+from actorsys._flags import require_int, require_seconds
 from actorsys._tls import ssl_context
 from actorsys.contracts import EvalSkip
 
@@ -129,14 +130,9 @@ async def complete(
     if isinstance(prompts, str):
         raise ConfigTypeError("complete(prompts)", "pass a sequence of strings, not one string")
     payloads = [prompt_payload(index, prompt) for index, prompt in enumerate(prompts)]
-    if not isinstance(concurrency, int) or concurrency < 1:
-        raise ConfigError("complete(concurrency)", f"expected an integer >= 1, got {concurrency!r}")
-    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-        raise ConfigError("complete(retries)", f"expected an integer >= 0, got {retries!r}")
-    if not request_timeout > 0:
-        raise ConfigError(
-            "complete(request_timeout)", f"expected seconds > 0, got {request_timeout!r}"
-        )
+    require_int("complete(concurrency)", concurrency, minimum=1)
+    require_int("complete(retries)", retries, minimum=0)
+    require_seconds("complete(request_timeout)", request_timeout)
     limits = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else list(max_tokens)
     if len(limits) != len(prompts):
         raise ConfigError(

@@ -15,11 +15,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from actorsys._errors import ConfigError
-from actorsys._flags import int_at_least
+from actorsys._flags import Flag, add_flags, int_at_least, require_int
 from actorsys.flag_groups import register_flags
 
 ENGINE_KINDS = ("embedded", "vllm")
 CPU_ENGINE: Mapping[str, Any] = {"num_cpus": 1}
+
+FLEET_FLAGS = (
+    Flag("--eval-num-gpus", "num_gpus", int_at_least(0), "N",
+         "GPUs of the dedicated eval fleet (RayFleet.from_args); 0: one CPU engine"),
+    Flag("--eval-num-gpus-per-engine", "num_gpus_per_engine", int_at_least(1), "G",
+         "GPUs of each eval engine (default 1; vLLM engines shard over them)"),
+    Flag("--eval-engine", "engine", str, None, "the engine the eval fleet runs (default embedded)",
+         choices=ENGINE_KINDS),
+)
 
 
 @dataclass(frozen=True)
@@ -32,10 +41,8 @@ class FleetFlags:
     engine: str = "embedded"
 
     def __post_init__(self) -> None:
-        for flag, value, minimum in (("--eval-num-gpus", self.num_gpus, 0),
-                                     ("--eval-num-gpus-per-engine", self.num_gpus_per_engine, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise ConfigError(flag, f"expected an integer >= {minimum}, got {value!r}")
+        require_int("--eval-num-gpus", self.num_gpus, minimum=0)
+        require_int("--eval-num-gpus-per-engine", self.num_gpus_per_engine, minimum=1)
         if self.engine not in ENGINE_KINDS:
             raise ConfigError("--eval-engine", f"expected one of {ENGINE_KINDS}, got {self.engine!r}")
         if self.num_gpus and self.num_gpus % self.num_gpus_per_engine:
@@ -59,25 +66,10 @@ class FleetFlags:
 def add_fleet_arguments(group: argparse._ArgumentGroup) -> None:
     """Add the fleet flags to ``group`` (skipping flags its parser already defines). A bad
     value is an argparse error naming the flag."""
-    for option, kwargs in (
-        ("--eval-num-gpus", {"type": int_at_least(0), "metavar": "N", "help":
-            "GPUs of the dedicated eval fleet (RayFleet.from_args); 0: one CPU engine"}),
-        ("--eval-num-gpus-per-engine", {"type": int_at_least(1), "metavar": "G", "help":
-            "GPUs of each eval engine (default 1; vLLM engines shard over them)"}),
-        ("--eval-engine", {"choices": ENGINE_KINDS, "help":
-            "the engine the eval fleet runs (default embedded)"}),
-    ):
-        try:
-            group.add_argument(option, default=None, **kwargs)
-        except argparse.ArgumentError:
-            continue
+    add_flags(group, FLEET_FLAGS)
 
 
 def fleet_flags_from_args(namespace: argparse.Namespace) -> FleetFlags:
     """The fleet flags set in ``namespace``; unset ones keep their defaults."""
-    values = {
-        "num_gpus": getattr(namespace, "eval_num_gpus", None),
-        "num_gpus_per_engine": getattr(namespace, "eval_num_gpus_per_engine", None),
-        "engine": getattr(namespace, "eval_engine", None),
-    }
+    values = {flag.field: getattr(namespace, flag.dest, None) for flag in FLEET_FLAGS}
     return FleetFlags(**{k: v for k, v in values.items() if v is not None})

@@ -1,6 +1,6 @@
 """What both trainer callbacks share: an :class:`~bridge.EvalBridge` opened for one
 ``train()``, a point every ``every`` optimizer steps, and the outcomes settled since the
-last look, turned into log rows.
+last look (each turned into its log row by :func:`actorsys.sinks.rows.log_row`).
 
 The bridge runs the supervisor in its own thread; the sink below is called there, so it
 only appends to a deque (atomic in CPython) that the trainer's thread empties.
@@ -19,23 +19,9 @@ from actorsys._errors import ConfigError, SupervisorClosedError, SupervisorGaveU
 from actorsys.config import EvalConfig, require_seconds
 from actorsys.outcome import CloseReport, DrainReport, Outcome
 from actorsys.sinks import Sink
-from actorsys.sinks_fanout import scalar_metrics
 from bridge import EvalBridge
 
 log = logging.getLogger("actorsys.integrations")
-
-EVAL_STEP = "eval/step"
-SKIPPED = "eval/skipped_{reason}"
-
-
-def log_row(outcome: Outcome) -> dict[str, float]:
-    """The row a trainer logs for one settled point: its numeric metrics and ``eval/step``
-    (the step its weights came from); a skipped point has ``eval/skipped_<reason>`` = 1."""
-    row: dict[str, float] = scalar_metrics(outcome)
-    if not outcome.ok:
-        row[SKIPPED.format(reason=outcome.reason or "unknown")] = 1.0
-    row[EVAL_STEP] = float(outcome.step)
-    return row
 
 
 class SettledPoints:

@@ -39,8 +39,9 @@ from transformers import PreTrainedModel
 
 from actorsys._errors import ConfigError
 from actorsys.config import EvalConfig
-from actorsys.integrations._session import TrainingSession, log_row
+from actorsys.integrations._session import TrainingSession
 from actorsys.sinks import Sink
+from actorsys.sinks.rows import log_row
 
 
 class EvalCallback(pl.Callback):

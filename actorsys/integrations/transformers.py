@@ -36,8 +36,9 @@ from transformers.trainer_callback import CallbackHandler
 
 from actorsys._errors import ConfigError
 from actorsys.config import EvalConfig
-from actorsys.integrations._session import EVAL_STEP, TrainingSession, log_row
+from actorsys.integrations._session import TrainingSession
 from actorsys.sinks import Sink
+from actorsys.sinks.rows import WandbEvalAxis, log_row
 
 log = logging.getLogger("actorsys.integrations")
 
@@ -75,7 +76,7 @@ class EvalCallback(TrainerCallback):
             drain_timeout=drain_timeout,
         )
         self._handler: CallbackHandler | None = None
-        self._wandb_defined: set[str] = set()
+        self._wandb_axis = WandbEvalAxis()
 
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
@@ -160,17 +161,10 @@ class EvalCallback(TrainerCallback):
 
     def _log_to_wandb(self, row: dict[str, float]) -> None:
         """Log ``row`` into the run the W&B integration started, every metric against
-        ``eval/step`` (defined by name: a name outranks the integration's ``*`` glob)."""
+        ``eval/step`` (:class:`~actorsys.sinks.rows.WandbEvalAxis`)."""
         import wandb
 
         run = wandb.run
         if run is None:
             return
-        for name in row:
-            if name not in self._wandb_defined:
-                if name == EVAL_STEP:
-                    run.define_metric(EVAL_STEP)
-                else:
-                    run.define_metric(name, step_metric=EVAL_STEP)
-                self._wandb_defined.add(name)
-        run.log(dict(row))
+        self._wandb_axis.log(run, row)

@@ -11,7 +11,12 @@ place, ``_forms``; a peft LoRA model is written merged (``_adapters``), its froz
 across points beside the pool's sets (``_kept``).
 """
 
-from actorsys.snapshot._capture import CapturedWeights, WeightsReleasedError, capture
+from actorsys.snapshot._capture import (
+    CapturedWeights,
+    WeightsReleasedError,
+    capture,
+    capture_shards,
+)
 from actorsys.snapshot._model_files import (
     CONFIG_NAME,
     DEFAULT_MAX_SHARD_SIZE,
@@ -19,6 +24,7 @@ from actorsys.snapshot._model_files import (
     NON_WEIGHT_SUFFIXES,
     WEIGHTS_NAME,
     copy_non_weight_files,
+    fsync_tree,
 )
 from actorsys.snapshot._pool import BufferLease, BufferPool, PoolStatistics
 from actorsys.snapshot._prepare import prepare_like_checkpoint, prepare_weights
@@ -48,7 +54,9 @@ __all__ = [
     "StatePlan",
     "WeightsReleasedError",
     "capture",
+    "capture_shards",
     "copy_non_weight_files",
+    "fsync_tree",
     "plan_state",
     "prepare_like_checkpoint",
     "prepare_weights",

@@ -11,23 +11,22 @@ A checkpoint is known by its name and its fingerprint together: one rewritten in
 another run's checkpoint of the same name, is due again. A changed ``eval_key`` (a new
 dataset, other settings) makes every checkpoint due again.
 
-Lines are written whole, in one ``write`` on a file opened for appending, then fsynced, so a
-crash leaves at most a torn last line; reading ignores any line that is not a JSON object,
-and the next append starts a new line after it.
+Lines are written and read as every JSONL file of ours is (:mod:`actorsys._jsonl`): whole, in
+one fsynced append, so a crash leaves at most a torn last line; reading ignores any line that
+is not a ledger entry, and the next append starts a new line after it.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from actorsys._files import open_private
+from actorsys._jsonl import append_lines, encode_line, read_lines
 
 log = logging.getLogger("actorsys.watch")
 
@@ -59,7 +58,6 @@ class Ledger:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
         self._histories: dict[Key, History] = defaultdict(History)
-        self._needs_newline = False
         self._load()
 
     def history(self, checkpoint: str, fingerprint: str, eval_key: str) -> History:
@@ -85,33 +83,22 @@ class Ledger:
         history.status = status
         entry = {"checkpoint": checkpoint, "fingerprint": fingerprint, "step": step,
                  "eval_key": eval_key, "status": status, **fields, "time": round(time.time(), 3)}
-        return json.dumps(entry, default=repr) + "\n"
+        return encode_line(entry)
 
     def write(self, lines: Sequence[str]) -> None:
         """Append ``lines`` (from :meth:`note`) in one write, and fsync. Blocking."""
-        if not lines:
-            return
-        data = "".join(lines)
-        if self._needs_newline:
-            data = "\n" + data
-        fd = open_private(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-        try:
-            os.write(fd, data.encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        self._needs_newline = False
+        append_lines(self.path, lines)
 
     def _load(self) -> None:
         try:
-            with os.fdopen(open_private(self.path, os.O_RDONLY), "rb") as f:
-                data = f.read()
+            lines = read_lines(self.path, private=True)
         except FileNotFoundError:
             return
-        self._needs_newline = bool(data) and not data.endswith(b"\n")
-        for number, entry in _entries(data.decode("utf-8", errors="replace").splitlines()):
-            if entry is None:
-                log.warning("%s line %d is torn or not a ledger entry; ignored", self.path, number)
+        for line in lines:
+            entry = line.row
+            if entry is None or not {"checkpoint", "eval_key", "status"} <= entry.keys():
+                log.warning("%s line %d is torn or not a ledger entry; ignored", self.path,
+                            line.number)
                 continue
             key = (str(entry["checkpoint"]), str(entry.get("fingerprint", "")), str(entry["eval_key"]))
             history = self._histories[key]
@@ -119,18 +106,3 @@ class Ledger:
             if status == SKIPPED:
                 history.attempts += 1
             history.status = status
-
-
-def _entries(lines: Iterable[str]) -> Iterable[tuple[int, dict[str, Any] | None]]:
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            entry = json.loads(line)
-        except (ValueError, RecursionError):
-            yield number, None
-            continue
-        if isinstance(entry, dict) and {"checkpoint", "eval_key", "status"} <= entry.keys():
-            yield number, entry
-        else:
-            yield number, None

@@ -36,7 +36,7 @@ from actorsys.fleet.engine import Fleet
 from actorsys.outcome import Outcome
 from actorsys.runtime import ThreadTracker, run_blocking
 from actorsys.sinks import JsonlSink, Sink
-from actorsys.sinks_fanout import CallbackSink, FanoutSink
+from actorsys.sinks.fanout import CallbackSink, FanoutSink
 from actorsys.supervisor import EvalSupervisor
 from actorsys.watch.ledger import DONE, FAILED, SKIPPED, VANISHED, Ledger
 from actorsys.watch.lock import OutLock

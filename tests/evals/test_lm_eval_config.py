@@ -1,9 +1,12 @@
-"""LmEvalTasks' arguments, its metric names, and importing actorsys without lm-eval."""
+"""LmEvalTasks' arguments, its metric names, its snapshot checks off the trio thread, and
+importing actorsys without lm-eval."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +108,26 @@ async def test_a_snapshot_without_a_tokenizer_is_skipped_before_any_request(tmp_
         await LmEvalTasks("arc_easy").evaluate_checkpoint(str(tmp_path), point)
     assert raised.value.reason == "ckpt_invalid"
     assert "base_checkpoint" in str(raised.value)
+
+
+async def test_the_snapshots_files_are_checked_off_the_trio_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trio_thread, threads = threading.get_ident(), []
+    real_exists = os.path.exists
+
+    def exists(path: Any) -> bool:
+        if os.fspath(path).startswith(str(tmp_path)):
+            threads.append(threading.get_ident())
+        return real_exists(path)
+
+    monkeypatch.setattr(os.path, "exists", exists)
+    fleet = Fleet([SGLangEngine("http://127.0.0.1:9")])
+    with pytest.raises(EvalSkip):
+        await LmEvalTasks("arc_easy").evaluate_checkpoint(
+            str(tmp_path), RolloutFnEvalInput(1, "1", str(tmp_path), fleet)
+        )
+    assert threads and trio_thread not in threads
 
 
 async def test_evaluating_without_a_fleet_names_the_fix(tmp_path: Path) -> None:

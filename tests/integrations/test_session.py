@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from actorsys import ConfigError, EvalConfig, Outcome
-from actorsys.integrations._session import SettledPoints, TrainingSession, log_row
+from actorsys.integrations._session import SettledPoints, TrainingSession
+from actorsys.sinks.rows import log_row
 
 
 def test_an_ok_point_logs_its_numeric_metrics_at_eval_step() -> None:

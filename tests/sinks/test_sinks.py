@@ -20,7 +20,7 @@ from actorsys import (
     TensorBoardSink,
     WandbSink,
 )
-from actorsys.sinks_fanout import FanoutSink, as_sink
+from actorsys.sinks.fanout import FanoutSink, as_sink
 from tests.fakes import RecordingEval, tiny_state_dict
 from tests.sinks.wandb_records import history_rows, step_metrics
 
@@ -94,6 +94,8 @@ def test_tensorboard_file_holds_every_point_at_its_step(tmp_path: Path) -> None:
     acc = {e.step: e.value for e in events.Scalars("eval/acc")}
     assert acc == pytest.approx({10: 0.1, 20: 0.2, 30: 0.3})
     assert sorted(e.step for e in events.Scalars("eval/lag_steps")) == [10, 20, 30, 40]
+    assert [(e.step, e.value) for e in events.Scalars("eval/skipped_timeout")] == [(40, 1.0)]
+    assert "eval/step" not in events.Tags()["scalars"]
 
 
 def test_offline_wandb_run_holds_every_point_against_eval_step(
@@ -111,7 +113,7 @@ def test_offline_wandb_run_holds_every_point_against_eval_step(
     assert [(row["eval/step"], row.get("eval/acc")) for row in rows] == [
         (10, 0.1), (30, 0.3), (20, 0.2), (40, None)
     ]
-    assert rows[-1]["eval/skip_reason"] == "timeout"
+    assert rows[-1]["eval/skip_reason"] == "timeout" and rows[-1]["eval/skipped_timeout"] == 1
     assert step_metrics(run_dir)["eval/*"] == "eval/step"
 
 

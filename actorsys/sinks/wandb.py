@@ -10,16 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from actorsys.outcome import METRIC_PREFIX, Outcome
-from actorsys.sinks_fanout import scalar_metrics
-
-EVAL_STEP = "eval/step"
-SKIP_REASON = "eval/skip_reason"
+from actorsys.outcome import Outcome
+from actorsys.sinks.rows import SKIP_REASON, WandbEvalAxis, log_row, skip_reason
 
 
 class WandbSink:
-    """Starts a run with ``wandb.init(**wandb_init_kwargs)`` and logs each outcome's numeric
-    metrics with ``eval/step`` = ``outcome.step`` (a skipped point logs ``eval/skip_reason``).
+    """Starts a run with ``wandb.init(**wandb_init_kwargs)`` and logs each outcome's row
+    (:func:`actorsys.sinks.rows.log_row`) against ``eval/step`` = ``outcome.step``; a skipped
+    point also logs ``eval/skip_reason``.
 
     The constructor blocks on ``wandb.init``; ``record`` hands the row to wandb's own
     background service. ``close()`` finishes the run (blocks until wandb has written it).
@@ -31,24 +29,19 @@ class WandbSink:
         except ImportError as exc:
             raise ImportError("WandbSink needs wandb: pip install 'actorsys[wandb]'") from exc
         self.run: Any = wandb.init(**wandb_init_kwargs)
-        self.run.define_metric(EVAL_STEP)
-        self.run.define_metric(f"{METRIC_PREFIX}*", step_metric=EVAL_STEP)
-        self._defined: set[str] = set()
+        self._axis = WandbEvalAxis()
+        self._axis.claim_prefix(self.run)
         self._closed = False
 
     def __repr__(self) -> str:
         return f"WandbSink(run={getattr(self.run, 'id', None)!r})"
 
     def record(self, outcome: Outcome) -> None:
-        row: dict[str, Any] = scalar_metrics(outcome)
-        for name in row:
-            if not name.startswith(METRIC_PREFIX) and name not in self._defined:
-                self.run.define_metric(name, step_metric=EVAL_STEP)
-                self._defined.add(name)
-        if not outcome.ok:
-            row[SKIP_REASON] = outcome.reason or "unknown"
-        row[EVAL_STEP] = outcome.step
-        self.run.log(row)
+        row: dict[str, float | str] = dict(log_row(outcome))
+        reason = skip_reason(outcome)
+        if reason is not None:
+            row[SKIP_REASON] = reason
+        self._axis.log(self.run, row)
 
     def close(self) -> None:
         if not self._closed:

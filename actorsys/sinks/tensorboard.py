@@ -9,15 +9,14 @@ import os
 from typing import Any
 
 from actorsys.outcome import Outcome
-from actorsys.sinks_fanout import scalar_metrics
-
-SKIPPED_TAG = "eval/skipped"
+from actorsys.sinks.rows import EVAL_STEP, SKIP_REASON, log_row, skip_reason
 
 
 class TensorBoardSink:
-    """Writes every numeric metric of each outcome as a scalar at ``outcome.step`` into an
-    event file under ``logdir``; a skipped point also gets a text entry ``eval/skipped`` with
-    its reason. A point that lands late is written at its own step, so nothing is dropped.
+    """Writes each outcome's row (:func:`actorsys.sinks.rows.log_row`: every numeric metric and,
+    for a skipped point, ``eval/skipped_<reason>`` = 1) as scalars at ``outcome.step`` into an
+    event file under ``logdir``; a skipped point also gets a text entry ``eval/skip_reason``.
+    A point that lands late is written at its own step, so nothing is dropped.
 
     ``record`` only queues the event: TensorBoard's writer thread writes it and flushes every
     ``flush_secs`` seconds. ``close()`` flushes and closes the file (whoever made the sink
@@ -38,10 +37,12 @@ class TensorBoardSink:
         return f"TensorBoardSink({self.logdir!r})"
 
     def record(self, outcome: Outcome) -> None:
-        for name, value in scalar_metrics(outcome).items():
-            self._writer.add_scalar(name, value, global_step=outcome.step)
-        if not outcome.ok:
-            self._writer.add_text(SKIPPED_TAG, outcome.reason or "unknown", global_step=outcome.step)
+        for name, value in log_row(outcome).items():
+            if name != EVAL_STEP:
+                self._writer.add_scalar(name, value, global_step=outcome.step)
+        reason = skip_reason(outcome)
+        if reason is not None:
+            self._writer.add_text(SKIP_REASON, reason, global_step=outcome.step)
 
     def flush(self) -> None:
         self._writer.flush()
