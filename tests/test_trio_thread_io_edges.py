@@ -4,12 +4,14 @@ Ray's on the trio thread (``actorsys.runtime.run_blocking`` runs them in worker 
 
 from __future__ import annotations
 
+import gc
 import importlib.abc
 import importlib.util
 import os
 import shutil
 import sys
 import threading
+import weakref
 from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
@@ -105,6 +107,13 @@ async def test_a_launched_server_that_dies_has_its_log_read_and_removed_off_the_
     assert {"log_tail", "remove"} <= set(watch.calls)
 
 
+class ObjectRef:
+    """A reference to an object of the driver, as ``ray.put`` returns it."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
 class FakeRay:
     """What ``RayFleet.open`` calls of Ray, as a module that a finder hands to ``import ray``:
     every call (and the import itself) is counted by the watch; actors answer their URL at
@@ -113,6 +122,7 @@ class FakeRay:
     def __init__(self, watch: TrioThreadWatch) -> None:
         self.watch = watch
         self.killed: list[Any] = []
+        self.key_ref: weakref.ref[ObjectRef] | None = None
         self.module = ModuleType("ray")
         self.module.exceptions = SimpleNamespace(RayError=type("RayError", (Exception,), {}))  # type: ignore[attr-defined]
         for name in ("remote", "put", "kill", "is_initialized", "cancel"):
@@ -129,8 +139,10 @@ class FakeRay:
         url = SimpleNamespace(remote=self.watch.wrap("actor.url.remote", lambda: ref))
         return SimpleNamespace(name=name, url=url)
 
-    def put(self, value: Any) -> Any:
-        return SimpleNamespace(value=value)
+    def put(self, value: Any) -> ObjectRef:
+        ref = ObjectRef(value)
+        self.key_ref = weakref.ref(ref)
+        return ref
 
     def kill(self, actor: Any, *, no_restart: bool) -> None:
         self.killed.append(actor.name)
@@ -177,6 +189,10 @@ async def test_a_ray_fleet_imports_creates_and_kills_its_actors_off_the_trio_thr
     async with RayFleet.open(tmp_path, num_engines=2) as ray_fleet:
         assert [engine.name for engine in ray_fleet.engines] == ["ray-embedded-0",
                                                                   "ray-embedded-1"]
+        # The key's reference lives as long as the fleet: Ray resolves it again at every
+        # restart of an actor, and frees the object once no reference is held.
+        gc.collect()
+        assert fake_ray.key_ref is not None and fake_ray.key_ref() is not None
     assert fake_ray.killed == ["ray-embedded-0", "ray-embedded-1"]
     assert watch.on_trio_thread == []
     assert {"import ray", "ray.remote", "ray.put", "actor_class.remote", "actor.url.remote",

@@ -366,6 +366,7 @@ class RayFleet:
         ray = await calls(_import_ray, "import ray")
 
         actors: list[Any] = []
+        held: list[Any] = []
 
         def start() -> list[Any]:
             remote_class: Any = ray.remote(EngineServer)
@@ -375,8 +376,10 @@ class RayFleet:
             # The key travels as a reference to an object of this driver, never as an
             # argument value: an actor's creation arguments are kept in Ray's control store
             # (for its restarts) and shown by its tools; the reference is resolved into the
-            # actor only.
+            # actor only. The reference is held as long as the fleet is open: Ray resolves it
+            # again whenever it restarts an actor, and frees its object once nothing holds it.
             key_ref = ray.put(key)
+            held.append(key_ref)
             for name in names:
                 actors.append(actor_class.remote(name, spec, startup_timeout, grace, key_ref))
             return [actor.url.remote() for actor in actors]
