@@ -46,7 +46,7 @@ One root, a flat set of precise meanings; each error carries its context as attr
     │                           this time; reported on its point, asked again next pin
     ├── CheckpointMismatchError (also a ValueError; fleet.checkpoint) a checkpoint does not
     │                           match the served model: ``path``
-    ├── FleetStartError         (also a RuntimeError; fleet.local) an engine of a local or
+    ├── FleetStartError         (also a RuntimeError; fleet.errors) an engine of a local or
     │                           Ray fleet did not come up
     ├── ProbeUnsupportedError   (fleet.probe) the engine cannot answer a token probe: the pin
     │                           checks the version only

@@ -8,7 +8,7 @@ import os
 import shutil
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,18 +26,22 @@ WATCHED = ((os, "fsync"), (os, "rename"), (os, "statvfs"), (shutil, "rmtree"))
 class TrioThreadWatch:
     """Wraps the watched calls; remembers each one made in the trio thread, with its stack."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(
+        self, monkeypatch: pytest.MonkeyPatch, watched: Sequence[tuple[Any, str]] = WATCHED
+    ) -> None:
         self.trio_thread = threading.get_ident()
         self.calls: dict[str, int] = {}
         self.on_trio_thread: list[str] = []
-        for module, name in WATCHED:
-            monkeypatch.setattr(module, name, self._wrap(name, getattr(module, name)))
+        for owner, name in watched:
+            monkeypatch.setattr(owner, name, self.wrap(name, getattr(owner, name)))
 
-    def _wrap(self, name: str, real: Callable[..., Any]) -> Callable[..., Any]:
+    def wrap(self, name: str, real: Callable[..., Any]) -> Callable[..., Any]:
+        """``real``, counted as ``name`` and remembered when called on the trio thread."""
+
         def watched(*args: Any, **kwargs: Any) -> Any:
             self.calls[name] = self.calls.get(name, 0) + 1
             if threading.get_ident() == self.trio_thread:
-                stack = "".join(traceback.format_stack(limit=6)[:-1])
+                stack = "".join(traceback.format_stack(limit=8)[:-1])
                 self.on_trio_thread.append(f"{name}{args!r}\n{stack}")
             return real(*args, **kwargs)
 

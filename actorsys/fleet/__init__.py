@@ -3,7 +3,9 @@
 - :class:`SGLangEngine`: an sglang server, or the embedded CPU engine
   (``python -m actorsys engine``), which speaks the same API subset.
 - :class:`VLLMEngine`: a vLLM OpenAI server with its weight-update endpoints.
-- :class:`~actorsys.fleet.local.LocalFleet`: engines (and sglang-router) started on loopback.
+- :class:`~actorsys.fleet.local.LocalFleet`: engines (and sglang-router) started on loopback,
+  each as an :class:`~actorsys.fleet.specs.EngineSpec` says (:func:`~actorsys.fleet.specs.embedded`,
+  :func:`~actorsys.fleet.specs.vllm`).
 - :mod:`actorsys.fleet.probe`: the weight probe every pin runs after the version reads back,
   and :mod:`actorsys.fleet.verdict`: its verdict, which may come after the pin returned.
 - :class:`~actorsys.fleet.external.ExternalServer`: a server outside the pipeline's fleets

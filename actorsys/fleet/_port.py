@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import os
 import socket
+from functools import partial
 
 import trio
 
 from actorsys.fleet._process import ManagedProcess
+from actorsys.runtime import run_blocking
 
 LISTEN = "0A"
 """The state of a listening socket in ``/proc/net/tcp``."""
@@ -119,9 +121,12 @@ def owns_port(pgid: int, port: int) -> bool:
 async def until_owned(process: ManagedProcess, port: int, poll: float = 0.25) -> bool:
     """Wait until ``process``'s group holds the listener on ``port`` (True) or the process
     has exited (False). The caller's cancel scope bounds it; the ``/proc`` reads run in a
-    worker thread."""
+    worker thread (listed in ``process.threads`` while one runs on after a cancel)."""
+    reads = trio.CapacityLimiter(1)
     while process.returncode is None:
-        if await trio.to_thread.run_sync(owns_port, process.pgid, port, abandon_on_cancel=True):
+        if await run_blocking(partial(owns_port, process.pgid, port), abandon_on_cancel=True,
+                              limiter=reads, description=f"who holds port {port}",
+                              tracker=process.threads):
             return True
         await trio.sleep(poll)
     return False

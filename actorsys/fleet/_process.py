@@ -19,12 +19,16 @@ import signal
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
+from functools import partial
 
 import trio
 
 from actorsys._files import open_private
+from actorsys.runtime import ThreadTracker, run_blocking
 
 REAPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_reaper.py")
+LOG_READ_TIMEOUT = 5.0
+"""Seconds :meth:`ManagedProcess.read_log_tail` waits for a log on a hung filesystem."""
 
 
 class ManagedProcess:
@@ -36,6 +40,9 @@ class ManagedProcess:
         self._popen = popen
         self.pid = popen.pid
         self.pgid = popen.pid
+        self.threads = ThreadTracker()
+        """Reads of the log still running in a worker thread (see :meth:`read_log_tail`)."""
+        self._log_reads: trio.CapacityLimiter | None = None
 
     def __repr__(self) -> str:
         return f"ManagedProcess({self.name!r}, pid={self.pid}, returncode={self.returncode})"
@@ -94,8 +101,21 @@ class ManagedProcess:
             with trio.move_on_after(max(grace, 1.0)):
                 await self.wait()
 
+    async def read_log_tail(self, size: int = 4000) -> str:
+        """:meth:`log_tail` from trio: read in a worker thread, one read at a time, given up
+        (the thread left to end on its own) after ``LOG_READ_TIMEOUT`` seconds."""
+        if self._log_reads is None:
+            self._log_reads = trio.CapacityLimiter(1)
+        with trio.move_on_after(LOG_READ_TIMEOUT):
+            return await run_blocking(
+                partial(self.log_tail, size), abandon_on_cancel=True, limiter=self._log_reads,
+                description=f"read the log of {self.name}", tracker=self.threads,
+            )
+        return f"(its log {self.log_path} was not read within {LOG_READ_TIMEOUT} s)"
+
     def log_tail(self, size: int = 4000) -> str:
-        """The last ``size`` characters of the process's log, for error messages."""
+        """The last ``size`` characters of the process's log, for error messages. Blocking:
+        from trio, :meth:`read_log_tail`."""
         if self.log_path is None:
             return ""
         try:

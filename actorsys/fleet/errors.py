@@ -1,4 +1,5 @@
-"""What a pin fails with, and the one way a fleet calls every engine at once.
+"""What a pin fails with (and a fleet's start), and the one way a fleet calls every engine
+at once.
 
 These sit below both :mod:`actorsys.fleet.engine` (the Fleet) and :mod:`actorsys.fleet.probe`
 (the weight probe the Fleet runs), so neither needs the other's errors.
@@ -39,6 +40,11 @@ class EngineUnauthorizedError(EngineUnhealthyError):
     its time on it."""
 
     reason = "unhealthy"
+
+
+class FleetStartError(ActorsysError, RuntimeError):
+    """A process of a local fleet, or an engine of a Ray fleet, did not come up; the message
+    holds its log's tail."""
 
 
 class PinViolationError(PinError):

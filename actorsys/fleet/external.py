@@ -28,19 +28,20 @@ import logging
 import os
 import tempfile
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import Literal, TypeVar
 
 import trio
 
 from actorsys._errors import ConfigError
 from actorsys.fleet._http import check_url
+from actorsys.fleet._loopback import free_port, new_api_key, on_host, wait_healthy
 from actorsys.fleet._port import until_owned
 from actorsys.fleet._process import ManagedProcess, spawn
 from actorsys.fleet.embedded import API_KEY_ENV as ENGINE_API_KEY_ENV
 from actorsys.fleet.engine import Engine, Fleet
 from actorsys.fleet.errors import EngineUnauthorizedError, EngineUnhealthyError
 from actorsys.fleet.flavor import FLAVORS, Flavor, engine_of_flavor
-from actorsys.fleet.local import free_port, new_api_key, on_host
 from actorsys.fleet.vllm_launch import EXTENSION_FLAG, vllm_launch
 from actorsys.fleet.vllm_worker.actorsys_api_key import KEY_ENV as VLLM_API_KEY_ENV
 from actorsys.runtime import ThreadTracker, run_blocking
@@ -142,20 +143,29 @@ class ExternalServer:
             if self.launch is not None:
                 await self._start()
         assert self.url is not None
-        url = self.url
-        with trio.move_on_at(self._ready_deadline):
-            process = self.process
-            if process is not None and self._port is not None:
-                # The launched server binds a port we picked: until its own process group is
-                # proven to hold the listener there, nothing (not even /health, which sends
-                # the key) goes to whoever else may have taken the port first.
-                if not await until_owned(process, self._port):
-                    raise self._died(process)
-            await _until_ok(lambda: self.make_engine("sglang", url).health())
-            self._fleet = Fleet([await _until_ok(self.detect)])
-            return self._fleet
-        raise EngineUnhealthyError(url, f"the server was not ready within {self.ready_timeout} "
-                                        f"s{self._log_tail()}")
+        url, process, port = self.url, self.process, self._port
+
+        async def fail(status: int | None) -> EngineUnhealthyError:
+            if status is not None and process is not None:
+                return await self._died(process)
+            return EngineUnhealthyError(url, f"the server was not ready within "
+                                             f"{self.ready_timeout} s{await self._log_tail()}")
+
+        # A launched server binds a port we picked: until its own process group is proven to
+        # hold the listener there, nothing (not even /health, which sends the key) goes to
+        # whoever else may have taken the port first.
+        wait = partial(
+            wait_healthy,
+            deadline=self._ready_deadline,
+            fail=fail,
+            exited=(lambda: None) if process is None else (lambda: process.returncode),
+            interval=POLL_INITIAL_DELAY,
+            max_interval=POLL_MAX_DELAY,
+        )
+        owned = None if process is None or port is None else partial(until_owned, process, port)
+        await wait(lambda: self.make_engine("sglang", url).health(), owned=owned)
+        self._fleet = Fleet([await wait(self.detect)])
+        return self._fleet
 
     async def detect(self) -> Engine:
         """The client of the server's flavor (``"auto"``: the first of sglang's and vLLM's
@@ -178,7 +188,7 @@ class ExternalServer:
         if process is None:
             return await call()
         if process.returncode is not None:
-            raise self._died(process)
+            raise await self._died(process)
         result: list[T] = []
         error: list[Exception] = []
 
@@ -199,7 +209,7 @@ class ExternalServer:
         if error:
             raise error[0]
         if not result:
-            raise self._died(process)
+            raise await self._died(process)
         return result[0]
 
     async def stop(self) -> None:
@@ -249,30 +259,13 @@ class ExternalServer:
         return await run_blocking(fn, abandon_on_cancel=False, limiter=self._files,
                                   description=description, tracker=self._threads)
 
-    def _died(self, process: ManagedProcess) -> EngineUnhealthyError:
+    async def _died(self, process: ManagedProcess) -> EngineUnhealthyError:
         return EngineUnhealthyError(str(self.url), f"the launched server exited with status "
-                                                   f"{process.returncode}{self._log_tail()}")
+                                                   f"{process.returncode}{await self._log_tail()}")
 
-    def _log_tail(self) -> str:
-        tail = self.process.log_tail(2000) if self.process is not None else ""
+    async def _log_tail(self) -> str:
+        tail = await self.process.read_log_tail(2000) if self.process is not None else ""
         return f"; its log ends:\n{tail}" if tail else ""
-
-
-async def _until_ok(call: Callable[[], Awaitable[T]]) -> T:
-    """``await call()`` until it does not raise :class:`EngineUnhealthyError` (a server still
-    starting refuses connections); the caller's cancel scope bounds it. A server that
-    refuses our key (:class:`EngineUnauthorizedError`) is not waited on: that raises at
-    once."""
-    delay = POLL_INITIAL_DELAY
-    while True:
-        try:
-            return await call()
-        except EngineUnauthorizedError:
-            raise
-        except EngineUnhealthyError as exc:
-            log.debug("server not ready: %s", exc)
-        await trio.sleep(delay)
-        delay = min(delay * 2, POLL_MAX_DELAY)
 
 
 def _argv_key(argv: Sequence[str]) -> str | None:

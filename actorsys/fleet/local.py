@@ -33,200 +33,59 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 import shutil
 import socket
-import struct
-import sys
 import tempfile
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from functools import partial
+from typing import TypeVar
 
-import httpx
 import trio
 
-from actorsys._errors import ActorsysError, ConfigError
-from actorsys._tls import ssl_context
+from actorsys._errors import ConfigError
+from actorsys.fleet._loopback import (
+    HEALTH_POLL_INTERVAL,
+    free_port,
+    get_health,
+    new_api_key,
+    on_host,
+    wait_healthy,
+)
 from actorsys.fleet._port import held_listener, until_owned
 from actorsys.fleet._process import ManagedProcess, spawn
-from actorsys.fleet.embedded import API_KEY_ENV as ENGINE_API_KEY_ENV
-from actorsys.fleet.engine import Engine, Fleet
-from actorsys.fleet.sglang import SGLangEngine
-from actorsys.fleet.vllm import RELOAD, TIED_RELOAD, VLLMEngine
-from actorsys.fleet.vllm_launch import (
-    VLLM_INHERITED_MODULE,
-    VLLM_SERVER_MODULE,
-    VLLMLaunch,
-    vllm_command,
-    vllm_launch,
+from actorsys.fleet.engine import Fleet
+from actorsys.fleet.errors import EngineUnauthorizedError, FleetStartError
+from actorsys.fleet.local_engine import LocalEngine
+from actorsys.fleet.specs import (
+    ROUTER_KEY_ENV,
+    VLLM_PYTHON,
+    EngineSpec,
+    embedded,
+    router_command,
+    serve_inherited,
+    vllm,
 )
-from actorsys.fleet.vllm_worker.actorsys_api_key import KEY_ENV as VLLM_API_KEY_ENV
-from actorsys.runtime import RestartIntensity
+from actorsys.runtime import RestartIntensity, ThreadTracker, run_blocking
+
+__all__ = [
+    "HEALTH_POLL_INTERVAL",
+    "VLLM_PYTHON",
+    "EngineSpec",
+    "FleetStartError",
+    "LocalEngine",
+    "LocalFleet",
+    "embedded",
+    "free_port",
+    "new_api_key",
+    "on_host",
+    "serve_inherited",
+    "vllm",
+]
 
 log = logging.getLogger("actorsys.fleet")
 
-HEALTH_POLL_INTERVAL = 0.25
-VLLM_PYTHON = ".venv-vllm/bin/python"
-ROUTER_KEY_ENV = "ACTORSYS_ROUTER_ADMIN_KEY"
-ROUTER_MAIN = (
-    "import os, sys; from sglang_router.launch_router import launch_router, parse_router_args; "
-    "launch_router(parse_router_args([*sys.argv[1:], '--control-plane-api-keys', "
-    f"'actorsys:fleet:admin:' + os.environ.pop({ROUTER_KEY_ENV!r})]))"
-)
-"""sglang-router's launcher, with its control plane (``/workers``: add or remove a worker)
-locked by a random key that nobody holds: otherwise anyone who can connect could add a server
-of theirs and receive the fleet's requests, key included. The key goes through the
-environment, so no command line shows it. The data plane passes each request's
-``Authorization`` header on to the engine, which checks the fleet's key."""
-
-
-class FleetStartError(ActorsysError, RuntimeError):
-    """A process of a local fleet did not come up; the message holds its log's tail."""
-
-
-@dataclass(frozen=True)
-class EngineSpec:
-    """How to start one engine: its command for a given port, its environment, its client.
-
-    ``api_key_env``: the environment variable the engine reads its API key from (None: it
-    takes none). The fleet that starts it sets it to the fleet's key (the environment, unlike
-    the command line, is hidden from other users) and builds the client as
-    ``client(url, name, key)``; without one, as ``client(url, name)``.
-
-    ``listen(argv, fd)``: ``argv`` changed to serve the listening socket it inherits at
-    descriptor ``fd`` (bound by the fleet to 127.0.0.1 and ``argv``'s port) instead of binding
-    one (None: the server binds its own port, and the fleet proves the listener is the
-    server's before it sends anything there).
-    """
-
-    kind: str
-    command: Callable[[int], list[str]]
-    client: Callable[..., Engine]
-    env: Mapping[str, str] = field(default_factory=dict)
-    api_key_env: str | None = None
-    listen: Callable[[list[str], int], list[str]] | None = None
-
-    def environment(self, api_key: str | None) -> dict[str, str]:
-        """The engine's whole environment: this process's, ``env``, and its key."""
-        key = {self.api_key_env: api_key} if self.api_key_env and api_key else {}
-        return {**os.environ, **self.env, **key}
-
-    def make_client(self, url: str, name: str, api_key: str | None) -> Engine:
-        if self.api_key_env is None:
-            return self.client(url, name)
-        return self.client(url, name, api_key)
-
-
-def new_api_key() -> str:
-    """A random key for the engines of one fleet."""
-    return secrets.token_urlsafe(32)
-
-
-def embedded(model_dir: str, *, extra_args: Sequence[str] = (), threads: int = 1) -> EngineSpec:
-    """The embedded CPU engine serving ``model_dir`` (``extra_args`` go to its command line)."""
-    model_dir = os.path.abspath(model_dir)
-    return EngineSpec(
-        kind="embedded",
-        command=lambda port: [
-            sys.executable, "-m", "actorsys", "engine", "--model", model_dir,
-            "--host", "127.0.0.1", "--port", str(port), "--threads", str(threads), *extra_args,
-        ],
-        client=lambda url, name, key: SGLangEngine(url, name=name, api_key=key),
-        api_key_env=ENGINE_API_KEY_ENV,
-        listen=lambda argv, fd: [*argv, "--listen-fd", str(fd)],
-    )
-
-
-def vllm(
-    model_dir: str,
-    *,
-    python: str = VLLM_PYTHON,
-    max_model_len: int = 512,
-    kv_cache_bytes: int = 64 * 1024 * 1024,
-    extra_args: Sequence[str] = (),
-    tied_reload: bool = True,
-    tool_call_parser: str | None = None,
-) -> EngineSpec:
-    """A vLLM OpenAI server on the CPU serving ``model_dir``, from the venv of ``python``
-    (``scripts/setup_vllm.sh`` makes ``.venv-vllm``), with the weight-update endpoints on.
-
-    The server gets actorsys' worker extension (``actorsys/fleet/vllm_worker``, put on its
-    ``PYTHONPATH``) and its client reloads through it: vLLM 0.32's own ``reload_weights``
-    leaves the CPU kernel of a tied ``lm_head`` built from the previous weights, so a model
-    with tied embeddings would answer with the new body and the old head. The extension's
-    ``reload_weights_tied`` reloads, then rebuilds that kernel (about 35 ms for a tiny model;
-    a no-op for untied models). The checkpoint files need no change. ``tied_reload=False``
-    starts the server as a user would, with vLLM's own reload (the weight probe then catches
-    a tied model served wrong). ``tool_call_parser`` (``"hermes"``...): the chat endpoint reads
-    tool calls in the answers into ``tool_calls``, as the CPU engine does for Hermes calls.
-    """
-    model_dir = os.path.abspath(model_dir)
-    python = os.path.abspath(python)
-
-    def launch(port: int) -> VLLMLaunch:
-        command = vllm_command(python, model_dir, port, max_model_len=max_model_len,
-                               kv_cache_bytes=kv_cache_bytes, tool_call_parser=tool_call_parser,
-                               extra_args=extra_args)
-        return vllm_launch(command, tied_reload=tied_reload)
-
-    return EngineSpec(
-        kind="vllm",
-        command=lambda port: launch(port).argv,
-        client=lambda url, name, key: VLLMEngine(
-            url,
-            name=name,
-            api_key=key,
-            served_model_dir=model_dir,
-            reload_method=TIED_RELOAD if tied_reload else RELOAD,
-        ),
-        env=launch(0).env,
-        api_key_env=VLLM_API_KEY_ENV,
-        listen=serve_inherited,
-    )
-
-
-def serve_inherited(argv: list[str], fd: int) -> list[str]:
-    """A vLLM server command (from :func:`vllm_command`) that serves the listening socket at
-    descriptor ``fd`` through ``actorsys_vllm_serve`` (in ``vllm_worker``) instead of binding."""
-    module = argv.index(VLLM_SERVER_MODULE)
-    return [*argv[:module], VLLM_INHERITED_MODULE, "--listen-fd", str(fd), *argv[module + 1 :]]
-
-
-@dataclass
-class LocalEngine:
-    """One engine of a local fleet. ``state``: ``"running"``, ``"restarting"`` (it exited and
-    is being started again) or ``"gave_up"`` (it exited too often; it stays down);
-    ``restarts``: how often the fleet restarted it on its own."""
-
-    name: str
-    spec: EngineSpec
-    port: int
-    process: ManagedProcess
-    client: Engine
-    state: str = "running"
-    restarts: int = 0
-    listener: socket.socket | None = field(default=None, repr=False)
-    """The listening socket the fleet bound for the engine and holds until it closes (None:
-    the engine binds its own port)."""
-    door: trio.CancelScope | None = field(default=None, repr=False)
-    """While the fleet gave up on the engine: the task that refuses connections to its port."""
-    lock: trio.Lock = field(default_factory=trio.Lock, repr=False)
-    _changed: trio.Event = field(default_factory=trio.Event, repr=False)
-
-    def set_state(self, state: str) -> None:
-        self.state = state
-        self._changed.set()
-        self._changed = trio.Event()
-
-    async def wait_state(self, state: str, *, restarts: int = 0) -> None:
-        """Block until the engine is in ``state`` after at least ``restarts`` restarts."""
-        while not (self.state == state and self.restarts >= restarts):
-            await self._changed.wait()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+T = TypeVar("T")
 
 
 class LocalFleet:
@@ -256,6 +115,9 @@ class LocalFleet:
         self.router_url: str | None = None
         self.api_key = new_api_key()
         self.fleet: Fleet
+        self.threads = ThreadTracker()
+        """File work of the fleet (its log directory) running in a worker thread."""
+        self._files = trio.CapacityLimiter(1)
 
     @classmethod
     @asynccontextmanager
@@ -285,9 +147,9 @@ class LocalFleet:
                 "LocalFleet.open(max_restarts)", f"expected an integer >= 0, got {max_restarts!r}"
             )
         own_logs = log_dir is None
-        directory = tempfile.mkdtemp(prefix="actorsys-fleet-") if log_dir is None else log_dir
-        os.makedirs(directory, exist_ok=True)
-        local = cls(directory, grace, startup_timeout, max_restarts, restart_period)
+        local = cls(log_dir or "", grace, startup_timeout, max_restarts, restart_period)
+        local.log_dir = await local._in_thread(partial(_log_directory, log_dir),
+                                               "make the fleet's log directory")
         try:
             for index, spec in enumerate(specs):
                 local.engines.append(local._start_engine(f"{spec.kind}-{index}", spec))
@@ -311,7 +173,17 @@ class LocalFleet:
         finally:
             await local.aclose()
             if own_logs:
-                shutil.rmtree(directory, ignore_errors=True)
+                with trio.CancelScope(shield=True), trio.move_on_after(max(grace, 1.0)):
+                    await local._in_thread(
+                        partial(shutil.rmtree, local.log_dir, ignore_errors=True),
+                        f"remove {local.log_dir}",
+                    )
+
+    async def _in_thread(self, fn: Callable[[], T], description: str) -> T:
+        """``fn()`` (a file operation) in a worker thread; abandoned, listed in ``threads``
+        until it ends, when the caller is cancelled (a hung filesystem holds no Ctrl-C)."""
+        return await run_blocking(fn, abandon_on_cancel=True, limiter=self._files,
+                                  description=description, tracker=self.threads)
 
     @property
     def urls(self) -> list[str]:
@@ -351,16 +223,9 @@ class LocalFleet:
 
     async def _start_router(self) -> None:
         port, metrics_port = free_port(), free_port()
-        command = [
-            sys.executable, "-c", ROUTER_MAIN,
-            "--host", "127.0.0.1", "--port", str(port),
-            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
-            "--policy", "round_robin", "--log-level", "warn",
-            "--worker-urls", *self.urls,
-        ]
         self.router = spawn(
             "router",
-            command,
+            router_command(port, metrics_port, self.urls),
             log_path=self._log_path("router.log"),
             env={**os.environ, ROUTER_KEY_ENV: new_api_key()},
             grace=self.grace,
@@ -401,14 +266,22 @@ class LocalFleet:
         status = await router.wait()
         if self._closing:
             return
-        log.error("the router exited with status %s; the fleet's requests go to its engines "
-                  "directly from now on (its port is not ours any more); log tail:\n%s",
-                  status, router.log_tail(1000))
         self.router_url = None
         self.fleet.router_url = None
+        log.error("the router exited with status %s; the fleet's requests go to its engines "
+                  "directly from now on (its port is not ours any more); log tail:\n%s",
+                  status, await router.read_log_tail(1000))
 
     async def _supervise(self, engine: LocalEngine) -> None:
         """Restart ``engine`` whenever its process exits, within the restart intensity."""
+        # Not actorsys.runtime's ActorSupervisor, whose rules fit actors, not engines: it keeps
+        # one intensity for all its children and, past it, cancels them all and reports
+        # through a synchronous callback. Here each engine has its own intensity; an engine
+        # the fleet gives up on leaves the others serving, and its port is first set to
+        # refuse connections (awaited, so no client queues in its backlog meanwhile); a
+        # restart the user asked for (restart(), under the engine's lock) is not counted, and
+        # an engine given up on is supervised again after one. The window is the runtime's
+        # RestartIntensity.
         intensity = RestartIntensity(self.max_restarts, self.restart_period)
         while True:
             process = engine.process
@@ -421,12 +294,12 @@ class LocalFleet:
                 if not intensity.allow(trio.current_time()):
                     engine.set_state("gave_up")
                     if engine.listener is not None and self._nursery is not None:
-                        await self._nursery.start(self._refuse_while_down, engine)
+                        await self._nursery.start(engine.refuse_while_down)
                     log.error(
                         "%s exited with status %s, more than %d restarts within %s s: the fleet "
                         "gives up on it (it stays down); log tail:\n%s",
                         engine.name, status, self.max_restarts, self.restart_period,
-                        process.log_tail(1000),
+                        await process.read_log_tail(1000),
                     )
                     return
                 engine.restarts += 1
@@ -435,56 +308,33 @@ class LocalFleet:
                             engine.name, status, engine.port, engine.restarts)
                 try:
                     await self._replace_process(engine)
-                except FleetStartError as exc:
+                except (FleetStartError, EngineUnauthorizedError) as exc:
                     log.warning("%s did not come back: %s", engine.name, exc)
                     await engine.process.stop(self.grace)
                     continue
                 engine.set_state("running")
 
-    async def _refuse_while_down(
-        self, engine: LocalEngine, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-    ) -> None:
-        """Reset every connection to ``engine``'s port until :meth:`restart` (the fleet gave up
-        on it). The fleet keeps the port, so its clients would otherwise wait in the backlog
-        for an engine that is not coming; reset, they fail at once, as on a closed port."""
-        listener = engine.listener
-        assert listener is not None
-        with trio.CancelScope() as door:
-            engine.door = door
-            task_status.started()
-            listener.setblocking(False)
-            while True:
-                await trio.lowlevel.wait_readable(listener)
-                try:
-                    connection, _ = listener.accept()
-                except (BlockingIOError, InterruptedError):
-                    continue
-                connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                connection.close()
-
     async def _wait_healthy(self, process: ManagedProcess, url: str, *, proven: bool) -> None:
-        """Wait until ``process`` answers ``GET {url}/health`` with 200. Unless ``proven``
-        (it serves a socket the fleet bound), first until the listener on the URL's port is
-        held by the process's own group: nothing goes to a port another process took."""
-        with trio.move_on_after(self.startup_timeout):
-            if not proven:
-                await until_owned(process, int(url.rpartition(":")[2]))
-            async with httpx.AsyncClient(timeout=5.0, verify=ssl_context()) as client:
-                while process.returncode is None:
-                    try:
-                        response = await client.get(f"{url}/health")
-                        if response.status_code == 200:
-                            return
-                    except httpx.HTTPError:
-                        pass
-                    await trio.sleep(HEALTH_POLL_INTERVAL)
-                raise FleetStartError(
-                    f"{process.name} exited with status {process.returncode} before it was "
-                    f"healthy; log tail:\n{process.log_tail()}"
-                )
-        raise FleetStartError(
-            f"{process.name} was not healthy at {url} within {self.startup_timeout} s; "
-            f"log tail:\n{process.log_tail()}"
+        """Wait until ``process`` answers ``GET {url}/health`` with 200 (see
+        :func:`~actorsys.fleet._loopback.wait_healthy`). Unless ``proven`` (it serves a
+        socket the fleet bound), first until the listener on the URL's port is held by the
+        process's own group: nothing goes to a port another process took."""
+
+        async def fail(status: int | None) -> FleetStartError:
+            tail = await process.read_log_tail()
+            if status is None:
+                return FleetStartError(f"{process.name} was not healthy at {url} within "
+                                       f"{self.startup_timeout} s; log tail:\n{tail}")
+            return FleetStartError(f"{process.name} exited with status {status} before it was "
+                                   f"healthy; log tail:\n{tail}")
+
+        port = int(url.rpartition(":")[2])
+        await wait_healthy(
+            get_health(url, process.name),
+            deadline=trio.current_time() + self.startup_timeout,
+            fail=fail,
+            exited=lambda: process.returncode,
+            owned=None if proven else partial(until_owned, process, port),
         )
 
     async def aclose(self) -> None:
@@ -503,22 +353,10 @@ class LocalFleet:
                     engine.listener.close()
 
 
-def on_host(argv: Sequence[str], host: str) -> list[str]:
-    """``argv`` with the value of every ``--host`` replaced by ``host`` (added if it has
-    none): a second ``--host`` appended after the first would leave which one wins to the
-    server's parser."""
-    argv = [f"--host={host}" if arg.startswith("--host=") else arg for arg in argv]
-    places = [i + 1 for i, arg in enumerate(argv[:-1]) if arg == "--host"]
-    for place in places:
-        argv[place] = host
-    found = places or any(arg.startswith("--host=") for arg in argv)
-    return argv if found else [*argv, "--host", host]
 
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now. Another process may take it
-    before it is used: a server started on it must be proven to hold it
-    (:func:`actorsys.fleet._port.owns_port`) before anything is sent there."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def _log_directory(log_dir: str | None) -> str:
+    """``log_dir``, made if missing; a new temporary directory if None. Blocking."""
+    if log_dir is None:
+        return tempfile.mkdtemp(prefix="actorsys-fleet-")
+    os.makedirs(log_dir, exist_ok=True)
+    return log_dir

@@ -32,35 +32,28 @@ import os
 import signal
 import tempfile
 import threading
-import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
-import httpx
 import sniffio
 import trio
 
 from actorsys._errors import ConfigError
-from actorsys.fleet._port import held_listener, owns_port
+from actorsys.fleet._loopback import free_port, get_health, new_api_key, on_host, wait_healthy
+from actorsys.fleet._port import held_listener, until_owned
 from actorsys.fleet._process import ManagedProcess, spawn
 from actorsys.fleet.engine import Engine, EngineUnhealthyError, Fleet
+from actorsys.fleet.errors import FleetStartError
 from actorsys.fleet.flags import fleet_flags_from_args
-from actorsys.fleet.local import (
-    HEALTH_POLL_INTERVAL,
-    VLLM_PYTHON,
-    EngineSpec,
-    FleetStartError,
-    embedded,
-    free_port,
-    new_api_key,
-    on_host,
-    vllm,
-)
 from actorsys.fleet.probe import ProbedEngine, ProbeUnsupportedError
-from actorsys.runtime import wait_future
+from actorsys.fleet.specs import VLLM_PYTHON, EngineSpec, embedded, vllm
+from actorsys.runtime import ThreadTracker, run_blocking, wait_future
 
 log = logging.getLogger("actorsys.fleet")
+
+T = TypeVar("T")
 
 ENGINES = ("embedded", "vllm")
 DEFAULT_RESOURCES: Mapping[str, Any] = {"num_cpus": 1}
@@ -98,6 +91,52 @@ async def _all_answer(refs: list[Any]) -> None:
     async with trio.open_nursery() as nursery:
         for ref in refs:
             nursery.start_soon(await_ref, ref)
+
+
+def _import_ray() -> Any:
+    import ray
+
+    return ray
+
+
+def _kill(ray: Any, actors: Sequence[Any]) -> None:
+    if ray.is_initialized():
+        for actor in actors:
+            ray.kill(actor, no_restart=True)
+
+
+class _RayCalls:
+    """The blocking calls of a fleet's driver into Ray (its import, creating and killing
+    actors), each in a worker thread, under trio (tracked in ``threads``) or asyncio: the
+    event loop's thread never waits on Ray's control store."""
+
+    def __init__(self) -> None:
+        self.threads = ThreadTracker()
+        under_trio = sniffio.current_async_library() == "trio"
+        self._limiter = trio.CapacityLimiter(1) if under_trio else None
+
+    async def __call__(self, fn: Callable[[], T], description: str, *, abandon: bool = True) -> T:
+        """``fn()`` in a worker thread; with ``abandon``, left to run on when the caller is
+        cancelled, else waited for."""
+        if self._limiter is None:
+            return await asyncio.to_thread(fn)
+        return await run_blocking(fn, abandon_on_cancel=abandon, limiter=self._limiter,
+                                  description=description, tracker=self.threads)
+
+    async def shielded(self, fn: Callable[[], None], description: str, bound: float) -> None:
+        """``fn()`` also while the caller is cancelled, waited for ``bound`` seconds at
+        most (then it runs on in its thread)."""
+        if self._limiter is None:
+            try:
+                await asyncio.wait_for(asyncio.shield(asyncio.to_thread(fn)), bound)
+            except TimeoutError:
+                log.warning("%s: not done within %s s; it goes on in its thread",
+                            description, bound)
+            return
+        with trio.CancelScope(shield=True), trio.move_on_after(bound) as waited:
+            await self(fn, description)
+        if waited.cancelled_caught:
+            log.warning("%s: not done within %s s; it goes on in its thread", description, bound)
 
 
 def engine_spec(engine: str, model_dir: str, engine_args: Sequence[str]) -> EngineSpec:
@@ -157,31 +196,30 @@ class EngineServer:
         threading.Thread(target=self._exit_with_server, name="engine-watch", daemon=True).start()
 
     def _wait_healthy(self, startup_timeout: float) -> None:
-        deadline = time.monotonic() + startup_timeout
-        proven = self._listener is not None
-        with httpx.Client(timeout=5.0) as client:
-            while time.monotonic() < deadline:
-                if self._process.returncode is not None:
-                    raise FleetStartError(
-                        f"engine server exited with status {self._process.returncode} before "
-                        f"it was healthy; log tail:\n{self._process.log_tail()}"
-                    )
-                if not proven:
-                    proven = owns_port(self._process.pgid, self._port)
-                    if not proven:
-                        time.sleep(HEALTH_POLL_INTERVAL)
-                        continue
-                try:
-                    if client.get(f"{self._url}/health").status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    pass
-                time.sleep(HEALTH_POLL_INTERVAL)
-        self._process.signal_group(signal.SIGKILL)
-        raise FleetStartError(
-            f"engine server not healthy at {self._url} within {startup_timeout} s; "
-            f"log tail:\n{self._process.log_tail()}"
-        )
+        """The fleets' one health wait (:func:`~actorsys.fleet._loopback.wait_healthy`), in a
+        trio run of this actor's own: its constructor is plain code on Ray's thread."""
+        process, url = self._process, self._url
+
+        async def fail(status: int | None) -> FleetStartError:
+            tail = process.log_tail()  # this trio run waits for nothing else meanwhile
+            if status is None:
+                process.signal_group(signal.SIGKILL)
+                return FleetStartError(f"engine server not healthy at {url} within "
+                                       f"{startup_timeout} s; log tail:\n{tail}")
+            return FleetStartError(f"engine server exited with status {status} before it was "
+                                   f"healthy; log tail:\n{tail}")
+
+        async def wait() -> None:
+            await wait_healthy(
+                get_health(url, process.name),
+                deadline=trio.current_time() + startup_timeout,
+                fail=fail,
+                exited=lambda: process.returncode,
+                owned=None if self._listener is not None else partial(
+                    until_owned, process, self._port),
+            )
+
+        trio.run(wait)
 
     def _exit_with_server(self) -> None:
         status = self._process.wait_blocking()
@@ -311,8 +349,6 @@ class RayFleet:
         trio or asyncio; the fleet's engines are used under trio (by the supervisor, or a
         bridge's trio thread).
         """
-        import ray
-
         if not isinstance(num_engines, int) or num_engines < 1:
             raise ConfigError(
                 "RayFleet.open(num_engines)", f"expected an integer >= 1, got {num_engines!r}"
@@ -324,21 +360,35 @@ class RayFleet:
             )
         spec = engine_spec(engine, os.fspath(model_dir), tuple(engine_args))
         options = dict(DEFAULT_RESOURCES if resources is None else resources)
-        remote_class: Any = ray.remote(EngineServer)
-        actor_class = remote_class.options(
-            max_restarts=max_restarts, max_task_retries=0, **options
-        )
         names = [f"ray-{engine}-{index}" for index in range(num_engines)]
         key = new_api_key()
-        # The key travels as a reference to an object of this driver, never as an argument
-        # value: an actor's creation arguments are kept in Ray's control store (for its
-        # restarts) and shown by its tools; the reference is resolved into the actor only.
-        key_ref = ray.put(key)
-        actors = [actor_class.remote(name, spec, startup_timeout, grace, key_ref)
-                  for name in names]
+        calls = _RayCalls()
+        ray = await calls(_import_ray, "import ray")
+
+        actors: list[Any] = []
+        held: list[Any] = []
+
+        def start() -> list[Any]:
+            remote_class: Any = ray.remote(EngineServer)
+            actor_class = remote_class.options(
+                max_restarts=max_restarts, max_task_retries=0, **options
+            )
+            # The key travels as a reference to an object of this driver, never as an
+            # argument value: an actor's creation arguments are kept in Ray's control store
+            # (for its restarts) and shown by its tools; the reference is resolved into the
+            # actor only. The reference is held as long as the fleet is open: Ray resolves it
+            # again whenever it restarts an actor, and frees its object once nothing holds it.
+            key_ref = ray.put(key)
+            held.append(key_ref)
+            for name in names:
+                actors.append(actor_class.remote(name, spec, startup_timeout, grace, key_ref))
+            return [actor.url.remote() for actor in actors]
+
         try:
+            # Waited for even when cancelled: every actor it made is in ``actors``, killed below.
+            urls = await calls(start, "create the engine actors", abandon=False)
             try:
-                await _all_answer([actor.url.remote() for actor in actors])
+                await _all_answer(urls)
             except* ray.exceptions.RayError as failed:
                 raise FleetStartError(
                     f"an engine actor did not come up: {failed.exceptions[0]}"
@@ -346,9 +396,8 @@ class RayFleet:
             engines = [RayEngine(a, n, spec, key) for a, n in zip(actors, names, strict=True)]
             yield cls(actors, engines, key)
         finally:
-            if ray.is_initialized():
-                for actor in actors:
-                    ray.kill(actor, no_restart=True)
+            await calls.shielded(partial(_kill, ray, actors), "kill the engine actors",
+                                 ACTOR_ANSWER_TIMEOUT)
 
     # -- the dedicated eval fleet from the trainer's flags ---------------------------------
 

@@ -15,10 +15,16 @@ import trio
 from actorsys.fleet.engine import EngineUnhealthyError, Fleet
 from actorsys.fleet.errors import EngineUnauthorizedError
 from actorsys.fleet.flavor import Flavor, engine_of_flavor
-from actorsys.fleet.local import VLLM_PYTHON, EngineSpec, LocalFleet, embedded, vllm
+from actorsys.fleet.local import LocalFleet
 from actorsys.fleet.sglang import SGLangEngine
+from actorsys.fleet.specs import VLLM_PYTHON, EngineSpec, embedded, vllm
 from actorsys.fleet.vllm import VLLMEngine
+from actorsys.runtime import ThreadTracker, run_blocking
 from actorsys.watch.scan import Checkpoint
+
+READS = ThreadTracker()
+"""Reads of a checkpoint's config still running in a worker thread (abandoned when the
+watcher was cancelled)."""
 
 
 def split(engines: Sequence[object], fleets: int) -> list[list[object]]:
@@ -47,9 +53,12 @@ async def started_fleets(
 ) -> AsyncIterator[list[Fleet]]:
     """Start ``engines`` CPU engines serving ``checkpoint`` (vLLM for ``flavor="vllm"``, the
     embedded engine otherwise), dealt into ``fleets`` fleets; stop them on the way out."""
-    specs = await trio.to_thread.run_sync(
+    specs = await run_blocking(
         partial(engine_specs, checkpoint.path, engines=engines, flavor=flavor),
         abandon_on_cancel=True,  # it only reads the checkpoint's config
+        limiter=trio.CapacityLimiter(1),
+        description=f"read the config of {checkpoint.path}",
+        tracker=READS,
     )
     async with LocalFleet.open(specs, log_dir=log_dir, startup_timeout=startup_timeout) as local:
         yield [Fleet(group) for group in split(local.fleet.engines, fleets)]  # type: ignore[arg-type]

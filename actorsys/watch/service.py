@@ -17,16 +17,13 @@ so it can never hold Ctrl-C past the close budget.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import logging
 import os
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import trio
 
@@ -38,64 +35,33 @@ from actorsys.runtime import ThreadTracker, run_blocking
 from actorsys.sinks import JsonlSink, Sink
 from actorsys.sinks.fanout import CallbackSink, FanoutSink
 from actorsys.supervisor import EvalSupervisor
-from actorsys.watch.ledger import DONE, FAILED, SKIPPED, VANISHED, Ledger
+from actorsys.watch import policy
+from actorsys.watch.ledger import Ledger
 from actorsys.watch.lock import OutLock
+from actorsys.watch.policy import error_of
 from actorsys.watch.scan import Checkpoint, Completion, Scanner
+from actorsys.watch.settings import (
+    WATCH_OWNED_FIELDS,
+    WatchedOutcome,
+    WatchReport,
+    WatchSettings,
+    eval_key,
+)
+
+__all__ = [
+    "WATCH_OWNED_FIELDS",
+    "WatchReport",
+    "WatchSettings",
+    "WatchedOutcome",
+    "Watcher",
+    "error_of",
+    "eval_key",
+]
 
 log = logging.getLogger("actorsys.watch")
 
 T = TypeVar("T")
-Catchup = Literal["all", "latest"]
 FleetsFor = Callable[[Checkpoint], AbstractAsyncContextManager[Sequence[Fleet]]]
-CLOSED = "closed"
-BAD_REQUEST = "bad_request"
-"""A point whose requests the server refused as malformed: it can never succeed, so it is
-recorded failed at its first attempt."""
-WATCH_OWNED_FIELDS = ("hf_dir", "save_hf", "base_checkpoint", "max_in_flight", "overflow",
-                      "keep_snapshots")
-"""The :class:`EvalConfig` fields the watcher sets itself: it evaluates checkpoints in place,
-one per fleet at a time, and never drops or deletes one."""
-
-
-@dataclass(frozen=True)
-class WatchSettings:
-    """``config``: the eval settings (timeouts, probe, ...), as a trainer's flags give them;
-    the fields in ``WATCH_OWNED_FIELDS`` are the watcher's own. ``marker`` and
-    ``quiet_seconds``: when a checkpoint is complete (see :class:`Completion`)."""
-
-    root: str
-    out: str
-    catchup: Catchup = "all"
-    once: bool = False
-    poll_interval: float = 10.0
-    quiet_seconds: float | None = None
-    marker: str | None = None
-    max_attempts: int = 3
-    config: EvalConfig = field(default_factory=EvalConfig)
-
-
-@dataclass(frozen=True)
-class WatchedOutcome(Outcome):
-    """An outcome as ``metrics.jsonl`` keeps it: with the checkpoint's name and fingerprint,
-    the attempt and the eval key."""
-
-    checkpoint: str = ""
-    fingerprint: str = ""
-    attempt: int | None = None
-    eval_key: str = ""
-
-
-@dataclass
-class WatchReport:
-    """What one run of the service did: steps evaluated ok, failed for good, vanished; and
-    whether it was interrupted."""
-
-    ok: list[int] = field(default_factory=list)
-    failed: list[int] = field(default_factory=list)
-    vanished: list[int] = field(default_factory=list)
-    interrupted: bool = False
-
-
 class Watcher:
     """One watch service. ``run`` blocks until ``--once`` has processed the backlog, or until
     :meth:`interrupt`; cancelling ``run`` closes the supervisor within ``close_timeout``.
@@ -158,7 +124,7 @@ class Watcher:
                                 pass
                     nursery.cancel_scope.cancel()
         finally:
-            self._close()
+            await self._close()
         return self.report
 
     async def interrupt(self) -> None:
@@ -181,13 +147,19 @@ class Watcher:
             return
         self._ledger = Ledger(os.path.join(self.settings.out, "ledger.jsonl"))
 
-    def _close(self) -> None:
-        """Close the files ``run`` opened. On the trio thread, so that the lock is surely let
-        go when ``run`` returns: closing them writes nothing (every record was flushed, the
-        lock's pid synced at acquire)."""
+    async def _close(self) -> None:
+        """Close the files ``run`` opened, also when ``run`` was cancelled. ``metrics.jsonl``
+        in a worker thread, waited for ``close_timeout`` at most (its writer thread is a
+        daemon: a hung disk holds up nothing); the lock on the trio thread, so that it is
+        surely let go when ``run`` returns: closing it writes nothing (its pid was synced at
+        acquire)."""
         self._closed = True
         try:
-            self.metrics.close()
+            with trio.CancelScope(shield=True), trio.move_on_after(
+                self.settings.config.close_timeout
+            ):
+                await self._in_thread(self._out_limiter, self.metrics.close,
+                                      "close metrics.jsonl")
         finally:
             self.lock.release()
 
@@ -209,19 +181,17 @@ class Watcher:
     async def _due(self, found: list[Checkpoint] | None = None) -> list[Checkpoint]:
         if found is None:
             found = await self._scan()
-        claimed = {c.name for c in self._order}
-        return [
-            c for c in found
-            if c.name not in self._ignored and c.name not in claimed
-            and self.ledger.due(c.name, c.fingerprint, self.eval_key, self.settings.max_attempts)
-        ]
+        ledger, key, attempts = self.ledger, self.eval_key, self.settings.max_attempts
+        return policy.due(
+            found, ignored=self._ignored, claimed={c.name for c in self._order},
+            unsettled=lambda c: ledger.due(c.name, c.fingerprint, key, attempts),
+        )
 
     async def _first_due(self) -> list[Checkpoint]:
         while True:
             found = await self._scan()
-            if self.settings.catchup == "latest" and found:
-                newest = found[-1].step
-                self._ignored = {c.name for c in found if c.step < newest}
+            if found:
+                self._ignored = policy.left_behind(found, self.settings.catchup)
                 if self._ignored:
                     log.info("--catchup latest: leaving %d older checkpoints", len(self._ignored))
             due = await self._due(found)
@@ -253,12 +223,8 @@ class Watcher:
         ) as sup:
             self._supervisor = sup
             while True:
-                due = await self._due()
-                waiting = False
-                for checkpoint in due:
-                    if checkpoint.step in submitted:
-                        waiting = True
-                        continue
+                take, waiting = policy.this_generation(await self._due(), submitted)
+                for checkpoint in take:
                     submitted.add(checkpoint.step)
                     self._order.append(checkpoint)
                     self.started[checkpoint.step] = time.time()
@@ -273,11 +239,11 @@ class Watcher:
                         if self.report.interrupted:
                             return False
                         raise
-                if not self._order:
-                    if waiting:
-                        return True
-                    if self.settings.once:
-                        return False
+                then = policy.after_submitting(
+                    in_flight=bool(self._order), waiting=waiting, once=self.settings.once
+                )
+                if then != "poll":
+                    return then == "next_generation"
                 with trio.move_on_after(self.settings.poll_interval):
                     await self._changed.wait()
                 self._changed = trio.Event()
@@ -314,7 +280,7 @@ class Watcher:
         """The ledger and ``metrics.jsonl`` in a worker thread, then the sink on the trio
         thread, where the pipeline calls sinks too (a sink that raises is logged)."""
         vanished = False
-        if not outcome.ok and outcome.reason != CLOSED:
+        if policy.needs_presence_check(outcome.ok, outcome.reason):
             vanished = not await self._in_thread(
                 self._out_limiter, partial(os.path.isdir, checkpoint.path),
                 f"look for {checkpoint.path}",
@@ -334,45 +300,22 @@ class Watcher:
     def _ledger_lines(self, checkpoint: Checkpoint, outcome: Outcome, *, vanished: bool) -> list[str]:
         """The ledger entries ``outcome`` makes (noted in the ledger's memory); the report."""
         ledger, key = self.ledger, self.eval_key
-        note = partial(ledger.note, checkpoint.name, checkpoint.fingerprint, checkpoint.step, key)
-        if outcome.ok:
-            self.report.ok.append(checkpoint.step)
-            return [note(DONE)]
-        if outcome.reason == CLOSED:
-            return []
-        if vanished:
-            self.report.vanished.append(checkpoint.step)
-            return [note(VANISHED, reason=outcome.reason)]
-        lines = [note(SKIPPED, reason=outcome.reason)]
-        attempts = ledger.history(checkpoint.name, checkpoint.fingerprint, key).attempts
-        error = error_of(outcome)
-        if outcome.reason == BAD_REQUEST:
-            lines.append(note(FAILED, reason=outcome.reason, error=error))
-            self.report.failed.append(checkpoint.step)
-            log.warning("%s can never be evaluated as asked (%s: %s); not retried",
-                        checkpoint.name, outcome.reason, error)
-        elif attempts >= self.settings.max_attempts:
-            lines.append(note(FAILED, reason=outcome.reason))
-            self.report.failed.append(checkpoint.step)
-            log.warning("%s failed %d times (%s); not retried", checkpoint.name, attempts,
-                        outcome.reason)
-        return lines
+        settlement = policy.settle(
+            outcome.ok, outcome.reason, vanished=vanished,
+            attempts=ledger.history(checkpoint.name, checkpoint.fingerprint, key).attempts,
+            max_attempts=self.settings.max_attempts, error=error_of(outcome),
+        )
+        if settlement.report is not None:
+            getattr(self.report, settlement.report).append(checkpoint.step)
+        if settlement.given_up is not None:
+            log.warning("%s %s; not retried", checkpoint.name, settlement.given_up)
+        return [
+            ledger.note(checkpoint.name, checkpoint.fingerprint, checkpoint.step, key, status,
+                        **fields)
+            for status, fields in settlement.entries
+        ]
 
     def _write(self, lines: list[str], outcome: WatchedOutcome) -> None:
         """Blocking: the ledger first (what a restart resumes from), then the row."""
         self.ledger.write(lines)
         self.metrics.record(outcome)
-
-
-def error_of(outcome: Outcome) -> str | None:
-    """The first error message an outcome carries (``data["error"]``), or None."""
-    data = outcome.data
-    error = data.get("error") if isinstance(data, dict) else None
-    return None if error is None else str(error)
-
-
-def eval_key(datasets: Sequence[Any]) -> str:
-    """A short hash of the eval settings: every dataset's fingerprint (records and sampling
-    settings), so a new dataset or a changed setting makes every checkpoint due again."""
-    payload = json.dumps(sorted(dataset.fingerprint() for dataset in datasets)).encode()
-    return hashlib.sha256(payload).hexdigest()[:16]

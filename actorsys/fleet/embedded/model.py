@@ -18,6 +18,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from transformers import AutoTokenizer, DynamicCache
 
+from actorsys._errors import ConfigError
 from actorsys.fleet.checkpoint import (
     CheckpointMismatchError,
     check_checkpoint,
@@ -76,7 +77,11 @@ class ModelHost:
         self, model_dir: str, *, keep_old_weights: bool = False, label_kept_weights: bool = False
     ) -> None:
         self.model_dir = os.path.abspath(model_dir)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        if not os.path.isdir(self.model_dir):
+            # Never a name on a model hub: transformers would go and ask one for it.
+            raise ConfigError("ModelHost(model_dir)", f"no model directory at {self.model_dir} "
+                              "(a model is read from a local directory, never downloaded)")
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir, local_files_only=True)
         self.model = _load_model(self.model_dir)
         self.config = read_config(self.model_dir)
         self.tensors = read_tensor_infos(self.model_dir)
@@ -245,7 +250,7 @@ class ModelHost:
 def _load_model(path: str) -> Any:
     """The checkpoint at ``path`` as transformers loads it (its weight conversions applied),
     in float32, for inference. Blocking."""
-    model = load_causal_lm(path, dtype=torch.float32)
+    model = load_causal_lm(path, dtype=torch.float32, local_files_only=True)
     model.eval()
     return model
 
