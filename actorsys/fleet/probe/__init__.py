@@ -9,8 +9,9 @@ worker process).
 
 The probe is one prefill where the engine can answer it (:class:`PrefillEngine`: the CPU
 engine and vLLM, through completions with ``echo`` and ``logprobs``): the log-probabilities
-of ``PROBE_PROMPTS`` fixed sequences (:func:`probe_sequence`: ``PROMPT_TOKENS`` prompt token
-ids and ``PROBE_TOKENS`` fixed continuation tokens), one forward pass and no decoding. Each
+of ``PREFILL_SEQUENCES`` fixed sequences (:func:`prefill_sequences`: ``PROMPT_TOKENS``
+prompt token ids and ``PROBE_TOKENS`` fixed continuation tokens), one small forward pass and
+no decoding, asked in one request per engine at once with the version read-back. Each
 position may differ from the snapshot's by its margin (below); the answer is wrong where the
 median difference over all positions exceeds it, which numerics never reach and other weights
 always do. Engines that cannot answer a prefill answer ``PROBE_TOKENS`` greedy tokens after
@@ -60,6 +61,7 @@ from actorsys.fleet.probe.compare import (
 from actorsys.fleet.probe.prompts import (
     ABS_MARGIN,
     HALF_PRECISION_REL_MARGIN,
+    PREFILL_SEQUENCES,
     PROBE_PROMPTS,
     PROBE_SAMPLING,
     PROBE_SEED,
@@ -67,6 +69,7 @@ from actorsys.fleet.probe.prompts import (
     PROMPT_TOKENS,
     REL_MARGIN,
     ReferenceUnavailableError,
+    prefill_sequences,
     probe_prompts,
     probe_sequence,
     read_probe_prompts,
@@ -86,6 +89,7 @@ __all__ = [
     "HALF_PRECISION_REL_MARGIN",
     "NEAR_CAP",
     "NEAR_TOKENS",
+    "PREFILL_SEQUENCES",
     "PROBE_PROMPTS",
     "PROBE_SAMPLING",
     "PROBE_SEED",
@@ -107,6 +111,7 @@ __all__ = [
     "first_disagreement",
     "judge",
     "prefill_disagreement",
+    "prefill_sequences",
     "probe_prompts",
     "probe_sequence",
     "read_probe_prompts",

@@ -16,7 +16,7 @@ from actorsys.fleet.probe.compare import Answer, PrefillAnswer
 from actorsys.fleet.probe.prompts import (
     PROBE_TOKENS,
     ReferenceUnavailableError,
-    probe_sequence,
+    prefill_sequences,
     read_probe_prompts,
 )
 from actorsys.fleet.probe.reference_answer import (
@@ -137,7 +137,7 @@ class WeightProbe:
         tokens after ``prompts`` (None for one that can answer neither, logged once).
         Raises :class:`EngineUnhealthyError` for an engine whose request fails or that
         answers the wrong number of prompts."""
-        sequences = [probe_sequence(p) for p in prompts]
+        sequences = prefill_sequences(prompts)
 
         async def one(engine: ProbedEngine) -> Answer | None:
             if isinstance(engine, PrefillEngine):

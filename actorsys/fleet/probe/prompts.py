@@ -14,6 +14,14 @@ from actorsys._errors import ActorsysError
 PROBE_PROMPTS = 4
 PROMPT_TOKENS = 8
 PROBE_TOKENS = 6
+PREFILL_SEQUENCES = PROBE_PROMPTS
+"""How many :func:`probe_sequence` the prefill probe asks for (:func:`prefill_sequences`),
+each ``PROMPT_TOKENS + PROBE_TOKENS - 1`` positions compared by their median. The engines
+answer them after their load and before the evaluation may start, so their cost is on the
+pin's critical path (on the CPU engine one sequence costs about half of four). Fewer are not
+enough: an MoE model served with its previous experts differs from the snapshot by one to
+six margins per position, and one sequence's median was exactly one margin (missed), two
+sequences' 1.45, four's about 1.7."""
 REL_MARGIN = 0.5
 HALF_PRECISION_REL_MARGIN = 1.5
 """The relative margin where the snapshot's weights are 16-bit floats: the reference then
@@ -58,6 +66,12 @@ def probe_sequence(prompt: Sequence[int]) -> list[int]:
     ``PROBE_TOKENS`` fixed tokens (the prompt's own, reversed: inside the vocabulary, and
     continuations no model favours, so every position tells)."""
     return [*prompt, *list(reversed(prompt))[:PROBE_TOKENS]]
+
+
+def prefill_sequences(prompts: Sequence[Sequence[int]]) -> list[list[int]]:
+    """The prefill probe's sequences: :func:`probe_sequence` of the first
+    ``PREFILL_SEQUENCES`` probe prompts."""
+    return [probe_sequence(prompt) for prompt in prompts[:PREFILL_SEQUENCES]]
 
 
 def read_probe_prompts(path: str) -> list[list[int]]:

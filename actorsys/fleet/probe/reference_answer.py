@@ -18,8 +18,8 @@ from actorsys.fleet.probe.prompts import (
     PROBE_TOKENS,
     REL_MARGIN,
     ReferenceUnavailableError,
+    prefill_sequences,
     probe_prompts,
-    probe_sequence,
 )
 
 
@@ -64,8 +64,8 @@ class Reference:
     margins: list[list[float]]
     vocab_size: int
     prefill: list[list[float]] = field(default_factory=list)
-    """The log-probabilities of each :func:`probe_sequence` token after the first (empty
-    where not computed)."""
+    """The log-probabilities of each token after the first of each of
+    :func:`~actorsys.fleet.probe.prompts.prefill_sequences` (empty where not computed)."""
     prefill_margins: list[list[float]] = field(default_factory=list)
 
 
@@ -144,7 +144,7 @@ def compute_reference(path: str, prompts: list[list[int]] | None = None) -> Refe
             logits = model(input_ids=ids, use_cache=False, logits_to_keep=1).logits[:, -1, :]
             steps.append(logits.float())
             ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], dim=1)
-        sequences = torch.tensor([probe_sequence(p) for p in prompts], dtype=torch.long)
+        sequences = torch.tensor(prefill_sequences(prompts), dtype=torch.long)
         full = model(input_ids=sequences, use_cache=False).logits[:, :-1, :].float()
     half = model.dtype in (torch.bfloat16, torch.float16)
     del model
