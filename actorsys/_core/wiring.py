@@ -35,6 +35,7 @@ from actorsys.actors.stage import Stage
 from actorsys.config import EvalConfig
 from actorsys.contracts import RUNTIMES
 from actorsys.fleet import Fleet
+from actorsys.fleet.probe import ProbedEngine
 from actorsys.outcome import SupervisorStatistics
 from actorsys.runtime import ActorSupervisor, ChildSpec, Restart, ThreadTracker
 from actorsys.sinks import Sink
@@ -108,7 +109,12 @@ def wire(
     retirer = Retirer(config, flight, sink, tracker)
     exporter = Exporter(config, flight, retirer, staging_dir, tracker)
     fleet_returns, idle_fleets = fleet_pool(fleets)
-    pinner = FleetPinner(config, flight, retirer, idle_fleets, fleet_returns.clone())
+    probed = config.probe and any(
+        isinstance(engine, ProbedEngine) for fleet in fleets if fleet for engine in fleet.engines
+    )
+    pinner = FleetPinner(
+        config, flight, retirer, idle_fleets, fleet_returns.clone(), warm_references=probed
+    )
     invoker = EvalInvoker(eval_fn, tracker)
     runner = EvalRunner(config, flight, retirer, fleet_returns.clone(), invoker)
     admission = Admission(config, flight, retirer, staging_dir, buffers, export_send, tracker)

@@ -9,16 +9,17 @@ fails or the point is dropped. So a fleet is never pinned while an evaluation ru
 A pin is done, and the point goes on to be evaluated, once every engine reads the version
 back and has answered the weight probe. The probe's verdict (the answers judged against the
 snapshot's own, computed by the supervisor's one reference worker, a process the pinner
-starts at its first probe and kills when its loop ends) is the pinner's to deliver: it runs in the
-pinner's nursery of verdicts, within the point's pin deadline, and reaches the point's holder
-through the lease (``FleetLease.verdict``). So nothing the reference costs delays the
-evaluation, and the point still settles only after the verdict.
+starts when it starts, if a fleet has engines to probe, and kills when its loop ends) is the
+pinner's to deliver: it runs in the pinner's nursery of verdicts, within the point's pin
+deadline, and reaches the point's holder through the lease (``FleetLease.verdict``). So
+nothing the reference costs delays the evaluation, and the point still settles only after the verdict.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 from collections.abc import Sequence
 
 import trio
@@ -34,6 +35,7 @@ from actorsys.fleet.verdict import PinVerdict
 from actorsys.outcome import PIN_TIME_SECONDS
 
 NAME = "pinner"
+log = logging.getLogger("actorsys")
 
 
 class FleetPinner(SequentialStage):
@@ -49,6 +51,8 @@ class FleetPinner(SequentialStage):
         retirer: Retirer,
         idle: trio.MemoryReceiveChannel[Fleet | None],
         returns: trio.MemorySendChannel[Fleet | None],
+        *,
+        warm_references: bool = False,
     ) -> None:
         super().__init__(flight, retirer)
         self.config = config
@@ -56,6 +60,7 @@ class FleetPinner(SequentialStage):
         self._returns = returns
         self._verdicts: trio.Nursery | None = None
         self._references = ReferenceWorker()
+        self._warm_references = warm_references
 
     async def run(
         self, inbox: trio.MemoryReceiveChannel[Point], onward: trio.MemorySendChannel[Point]
@@ -67,6 +72,8 @@ class FleetPinner(SequentialStage):
         try:
             async with trio.open_nursery() as verdicts:
                 self._verdicts = verdicts
+                if self._warm_references:
+                    verdicts.start_soon(self._warm)
                 try:
                     await super().run(inbox, onward)
                 except Exception as exc:
@@ -76,6 +83,15 @@ class FleetPinner(SequentialStage):
             await self._references.aclose()
         if crash is not None:
             raise crash
+
+    async def _warm(self) -> None:
+        """Start the reference worker ahead of the first pin (its imports then overlap the
+        first point's export, not its verdict); a start that fails is tried again by the
+        first reference asked, which reports a second failure on its point."""
+        try:
+            await self._references.warm()
+        except OSError as exc:
+            log.warning("the reference worker could not start ahead of the first pin: %r", exc)
 
     async def lease(self, point: Point, ticket: Ticket) -> Point:
         fleet = await self._idle.receive()

@@ -28,6 +28,7 @@ from actorsys.fleet.errors import (
 )
 from actorsys.fleet.probe import (
     Answer,
+    ProbedEngine,
     Reference,
     ReferenceFailedError,
     ReferenceSource,
@@ -280,9 +281,9 @@ class Fleet:
                 if prompts is not None:
                     nursery.start_soon(compute, prompts)
                 try:
-                    await self._load_and_read_back(path, version, retries)
-                    if prompts is not None:
-                        answers = await self._probe.ask(probed, prompts)
+                    answers = await self._load_and_read_back(
+                        path, version, retries, probed if prompts is not None else [], prompts
+                    )
                     if self.router_url is not None:
                         await self._probe_router()
                 except PinError as exc:
@@ -313,21 +314,54 @@ class Fleet:
             "reference was ready (the pin deadline, or the pin's owner stopped)"
         )
 
-    async def _load_and_read_back(self, path: str, version: str, retries: int) -> None:
+    async def _load_and_read_back(
+        self,
+        path: str,
+        version: str,
+        retries: int,
+        probed: Sequence[ProbedEngine] = (),
+        prompts: list[list[int]] | None = None,
+    ) -> list[Answer | None] | None:
+        """Health, load, version read-back (retried on a mismatch); the ``probed`` engines'
+        answers to ``prompts`` are asked at once with the read-back (both follow the load, so
+        both see the loaded weights) and returned where every version reads back (None
+        without ``prompts``). A version error wins over a probe error; a mismatch that is
+        retried discards the answers."""
         await self._on_all(lambda engine: engine.health(), "failed its health check")
         for attempt in range(retries + 1):
             await self._on_all(
                 lambda engine: engine.load_weights(path, version), "refused the load"
             )
-            served = await self._on_all(
-                lambda engine: engine.weight_version(), "could not report its weight version"
-            )
-            wrong = [(e, v) for e, v in zip(self.engines, served, strict=True) if v != version]
+            asked: list[list[Answer | None] | PinError | None] = [None]
+            async with trio.open_nursery() as nursery:
+                if prompts is not None:
+                    nursery.start_soon(self._ask, probed, prompts, asked)
+                served = await self._on_all(
+                    lambda engine: engine.weight_version(), "could not report its weight version"
+                )
+                wrong = [(e, v) for e, v in zip(self.engines, served, strict=True) if v != version]
+                if wrong:
+                    nursery.cancel_scope.cancel()
             if not wrong:
-                return
+                answers = asked[0]
+                if isinstance(answers, PinError):
+                    raise answers
+                return answers
             if attempt == retries:
                 engine, actual = wrong[0]
                 raise PinViolationError(engine.name, version, actual)
+        raise AssertionError("unreachable")
+
+    async def _ask(
+        self,
+        probed: Sequence[ProbedEngine],
+        prompts: list[list[int]],
+        into: list[list[Answer | None] | PinError | None],
+    ) -> None:
+        try:
+            into[0] = await self._probe.ask(probed, prompts)
+        except PinError as exc:
+            into[0] = exc
 
     async def _on_all(self, call: Callable[[Engine], Awaitable[T]], failure: str) -> list[T]:
         return await on_all(self.engines, call, failure)

@@ -9,7 +9,9 @@ ran out of memory, and swap process-wide state while it loads (``from_pretrained
 trainer loading a model in another thread at that moment could keep untied embeddings for
 good; see :mod:`actorsys.fleet.model_load`). So the reference is computed here instead: a
 worker process (:func:`main`, in a fresh interpreter), started at the first reference
-asked of it, ``nice``\\ d, fed one request at a time over a pipe. It loads each snapshot
+asked of it or ahead of it (:meth:`ReferenceWorker.warm`: a supervisor with a probed fleet
+starts it when it opens, so its imports are done before the first pin), ``nice``\\ d, fed
+one request at a time over a pipe. It loads each snapshot
 through transformers' normal path (every weight conversion included: tied embeddings, the
 experts transformers 5 fuses at load), which maps the safetensors files and computes on the
 mapped pages where the dtype needs no conversion, and drops the model once the answer is out;
@@ -146,12 +148,30 @@ class ReferenceWorker:
         self.started += 1
         return process
 
+    async def warm(self) -> None:
+        """Start the worker now, if none runs, so that its imports (torch, transformers: a few
+        seconds of CPU, at its lower priority) are done before the first reference is asked.
+        Returns once the process is started, not once it is ready; a request that comes
+        meanwhile waits in its pipe. Cancellable (the worker started stays)."""
+        await run_blocking(
+            self._live,
+            abandon_on_cancel=True,
+            limiter=self._limiter,
+            description="starting the reference worker",
+            tracker=self.tracker,
+        )
+
+    def _live(self) -> subprocess.Popen[bytes]:
+        """The running worker, started if there is none."""
+        with self._guard:
+            process = self._box[0]
+            if process is None or process.poll() is not None:
+                process = self._box[0] = self._start()
+            return process
+
     def _request(self, path: str, prompts: list[list[int]]) -> Reference:
         with self._lock:
-            with self._guard:
-                process = self._box[0]
-                if process is None or process.poll() is not None:
-                    process = self._box[0] = self._start()
+            process = self._live()
             assert process.stdin is not None and process.stdout is not None
             try:
                 _send(process.stdin, (path, prompts))
@@ -208,7 +228,15 @@ def main() -> None:
         pass
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    _import_ahead()
     _serve(sys.stdin.buffer, replies)
+
+
+def _import_ahead() -> None:
+    """Import what every reference needs before the first request is read: a worker started
+    ahead of its first request (:meth:`ReferenceWorker.warm`) is then ready when it comes."""
+    import torch  # noqa: F401
+    from transformers import AutoModelForCausalLM  # noqa: F401
 
 
 if __name__ == "__main__":

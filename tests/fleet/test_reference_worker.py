@@ -24,7 +24,7 @@ from actorsys.fleet.model_load import load_causal_lm
 from actorsys.fleet.probe import (
     PROBE_TOKENS,
     WeightsMismatchError,
-    probe_sequence,
+    prefill_sequences,
     read_probe_prompts,
 )
 from actorsys.fleet.reference import ReferenceWorker
@@ -70,7 +70,7 @@ class PrefillWith(FakeEngine):
 
 def prefill_probe(model: transformers.PreTrainedModel, prompts: list[list[int]]) -> list[list[float]]:
     """``model``'s log-probabilities of the prefill probe's fixed sequences, in float32."""
-    ids = torch.tensor([probe_sequence(p) for p in prompts])
+    ids = torch.tensor(prefill_sequences(prompts))
     with torch.inference_mode():
         logits = model.float()(input_ids=ids, use_cache=False).logits[:, :-1, :]
     chosen = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
@@ -179,8 +179,9 @@ async def test_a_trainer_thread_loading_tied_models_always_gets_tied_models_whil
 async def test_a_failed_reference_is_reported_on_its_point_and_the_next_pin_asks_again(
     tiny: TinyModels, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The first worker dies before it answers (as one killed for its memory would); the
-    point says so in its data, and the next pin's reference catches the liar."""
+    """The first worker (started when the supervisor opens) dies once asked, before it
+    answers (as one killed for its memory would); the point says so in its data, and the next
+    pin's reference catches the liar."""
     prompts = read_probe_prompts(str(tiny.step1))
     liar = AnswersWith("liar", greedy_probe(load_causal_lm(str(tiny.step2)), prompts))
     started: list[subprocess.Popen[bytes]] = []
@@ -188,8 +189,10 @@ async def test_a_failed_reference_is_reported_on_its_point_and_the_next_pin_asks
 
     def start_dying_first(self: ReferenceWorker) -> subprocess.Popen[bytes]:
         if not started:
-            process = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(9)"],
-                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            process = subprocess.Popen(
+                [sys.executable, "-c", "import sys; sys.stdin.buffer.read(8); sys.exit(9)"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            )
         else:
             process = start(self)
         started.append(process)
