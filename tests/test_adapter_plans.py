@@ -19,7 +19,7 @@ from actorsys import EvalConfig, EvalSupervisor, MemorySink
 from actorsys.snapshot import BufferPool, plan_state
 from actorsys.snapshot import _adapters as adapters_module
 
-from .snapshot_models import input_ids, load, logits, tiny_llama
+from .snapshot_models import input_ids, load, logits, tiny_llama, tiny_mixtral
 from .test_adapters import (
     LoadAndScore,
     assert_same_tensors,
@@ -115,6 +115,20 @@ def test_a_changed_model_is_planned_again_and_its_snapshot_is_the_merged_model(t
     assert_same_tensors(written(path), merged_reference(model, reference))
     ids = input_ids()
     torch.testing.assert_close(logits(load(path), ids), logits(load(reference), ids))
+
+
+def test_a_reused_plan_of_a_model_whose_weights_transformers_converts_writes_them_back(tmp_path):
+    model = lora(tiny_mixtral(), target_modules=["q_proj"], init_lora_weights=False)
+    pool = BufferPool(1)
+    first = written(snapshot(model, str(tmp_path / "first"), pool))
+    train_step(model, input_ids())
+
+    second = written(snapshot(model, str(tmp_path / "second"), pool))
+
+    assert plan_state(model).entries is plan_state(model).entries
+    expected = merged_reference(model, str(tmp_path / "reference"))
+    assert_same_tensors(second, expected)
+    assert sorted(first) == sorted(expected)
 
 
 def test_an_unfrozen_weight_is_copied_at_every_point_once_planned_again(tmp_path):

@@ -34,7 +34,9 @@ from typing import Any
 
 import torch
 
+from actorsys.snapshot import _conversions
 from actorsys.snapshot._adapter_cache import Fingerprint, PlanCache
+from actorsys.snapshot._conversions import Structure
 from actorsys.snapshot._forms import check_module, unsupported, walk_modules
 from actorsys.snapshot._kept import KeptBase
 from actorsys.snapshot._tensors import (
@@ -89,6 +91,8 @@ class AdapterPlan:
     """Shape and dtype of every output that is merged."""
     num_parameters: int
     """Elements of the checkpoint's tensors (the merged model's parameter count)."""
+    structure: Structure | None = None
+    """What transformers' weight conversions depend on (``_conversions.structure``)."""
 
 
 def plan_adapters(module: torch.nn.Module) -> StatePlan:
@@ -118,10 +122,12 @@ class _Parts:
     copied_nbytes: int
     shapes: dict[str, tuple[torch.Size, torch.dtype]]
     num_parameters: int
+    structure: Structure | None
 
     def plan(self, model: torch.nn.Module) -> StatePlan:
         adapters = AdapterPlan(
-            model, self.outputs, self.frozen, self.copied_nbytes, self.shapes, self.num_parameters
+            model, self.outputs, self.frozen, self.copied_nbytes, self.shapes, self.num_parameters,
+            self.structure,
         )
         return StatePlan(
             model, self.copies, self.nbytes, self.buffer_nbytes, self.on_cuda, adapters=adapters
@@ -201,7 +207,7 @@ def _plan(model: torch.nn.Module) -> tuple[_Parts, Fingerprint | None]:
     on_cuda = any(t.device.type == "cuda" for t in (*copies.values(), *frozen.values()))
     parts = _Parts(
         copies, nbytes, copied_nbytes + slots_nbytes, on_cuda, outputs, frozen, copied_nbytes,
-        shapes, num_parameters,
+        shapes, num_parameters, _conversions.structure(model),
     )
     planned = {*copies, *frozen}
     checked = [
