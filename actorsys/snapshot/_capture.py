@@ -177,7 +177,11 @@ def capture(
             )
         weights.sharding = plan.sharding
         if plan.model is not None:
-            _capture_model_files(plan.model, weights, count_parameters=plan.adapters is None)
+            adapters = plan.adapters
+            _capture_model_files(
+                plan.model, weights, count_parameters=adapters is None,
+                structure=None if adapters is None else adapters.structure,
+            )
     except BaseException:
         lease.give_back()
         if let_go is not None:
@@ -229,12 +233,17 @@ def _copy_into(entries: dict[str, torch.Tensor], buffer: torch.Tensor) -> dict[s
 
 
 def _capture_model_files(
-    model: torch.nn.Module, weights: CapturedWeights, *, count_parameters: bool = True
+    model: torch.nn.Module,
+    weights: CapturedWeights,
+    *,
+    count_parameters: bool = True,
+    structure: _conversions.Structure | None = None,
 ) -> None:
     """What ``save_pretrained`` writes besides the weights, as of now: the model's config
     (with its dtype and architecture, as ``save_pretrained`` sets them) and generation
-    config, how to revert weight conversions, and (``count_parameters``) the model's own
-    parameter count (a peft model's counts its adapters, which the merged model has not)."""
+    config, how to revert weight conversions (``structure``: the model's, if its plan knows
+    it), and (``count_parameters``) the model's own parameter count (a peft model's counts its
+    adapters, which the merged model has not)."""
     config = getattr(model, "config", None)
     if config is None or not callable(getattr(config, "save_pretrained", None)):
         return
@@ -251,7 +260,7 @@ def _capture_model_files(
     num_parameters = getattr(model, "num_parameters", None)
     if count_parameters and callable(num_parameters):
         weights.num_parameters = int(num_parameters())
-    has_conversions = _conversions.known(model)
+    has_conversions = _conversions.known(model, structure)
     if has_conversions is None:
         weights.conversion_candidate = model
     elif has_conversions:

@@ -13,15 +13,19 @@ import threading
 from typing import Any
 
 _lock = threading.Lock()
-_by_structure: dict[tuple[tuple[type, object], ...], bool] = {}
+Structure = tuple[tuple[type, object], ...]
+_by_structure: dict[Structure, bool] = {}
 
 
-def known(model: Any) -> bool | None:
-    """The answer if it costs nothing now, else None. Never blocks on transformers."""
+def known(model: Any, key: Structure | None = None) -> bool | None:
+    """The answer if it costs nothing now, else None. Never blocks on transformers.
+    ``key`` is ``structure(model)`` if the caller knows it already (a walk over the modules
+    saved)."""
     conversions = getattr(model, "_weight_conversions", None)
     if conversions is not None:
         return bool(conversions)
-    key = _structure(model)
+    if key is None:
+        key = structure(model)
     if key is None:
         return False
     with _lock:
@@ -44,7 +48,7 @@ def resolve(model: Any) -> bool:
         c for c in get_model_conversion_mapping(model, add_legacy=False)
         if not isinstance(c, PrefixChange)
     ]
-    key = _structure(model)
+    key = structure(model)
     if key is not None:
         with _lock:
             _by_structure[key] = bool(conversions)
@@ -57,7 +61,9 @@ def forget() -> None:
         _by_structure.clear()
 
 
-def _structure(model: Any) -> tuple[tuple[type, object], ...] | None:
+def structure(model: Any) -> Structure | None:
+    """What the answer for ``model`` depends on (one walk over its modules): the classes and
+    model types of its transformers sub-models; None for a model that is not one."""
     try:
         from transformers import PreTrainedModel
     except ImportError:
