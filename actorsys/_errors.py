@@ -55,9 +55,10 @@ One root, a flat set of precise meanings; each error carries its context as attr
     │                           the pin checks the version only
     ├── RemoteRewardError       (evals.remote_rm) a reward server gave no usable reward for
     │                           one answer: it scores 0, counted
-    ├── PeerGoneError           (_core.collective) another rank of a torch.distributed job
-    │                           did not answer within ``collective_timeout``; settles a point
-    │                           as a skip, never raised to the trainer
+    ├── PeerGoneError           (_core.collective_messages) another rank of a
+    │                           torch.distributed job did not answer within
+    │                           ``collective_timeout``; settles a point as a skip, never
+    │                           raised to the trainer
     ├── BadRequest              (also a ValueError; fleet.embedded) a request the embedded
     │   │                         engine refuses, HTTP ``status`` 400; the message names the field
     │   └── BodyTooLarge          a body over the engine's limit, HTTP 413

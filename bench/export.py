@@ -376,6 +376,10 @@ async def main() -> None:
     parser.add_argument("--loop-blocks", type=int, default=5, help="10-step blocks per variant")
     parser.add_argument("--quick", action="store_true", help="small model, few reps")
     parser.add_argument("--first-runs", type=int, default=3, help="fresh processes per variant")
+    parser.add_argument(
+        "--points-only", action="store_true",
+        help="only (1) against (3): the warm stall and the bare copy, side by side",
+    )
     parser.add_argument("--first-point", choices=["plain", "prepared", "base"], help=argparse.SUPPRESS)
     parser.add_argument(
         "--threads", type=int, default=None, help="torch intra-op threads (default: torch's)"
@@ -393,6 +397,18 @@ async def main() -> None:
         return
     reps = 2 if args.quick else args.reps
     out = Results(rss_runtime=psutil.Process().memory_info().rss)
+    if args.points_only:
+        try:
+            torch.manual_seed(0)
+            model = bench_model(args.quick)
+            out.model_bytes = nbytes(model)
+            await measure_points(model, workdir, reps, out)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        ratio = out.stall / out.floor
+        print(f"model {out.model_bytes / MB:.0f} MB: warm stall {out.stall * 1e3:.1f} ms, bare copy "
+              f"{out.floor * 1e3:.1f} ms, stall(1) / copy(3) {ratio:.2f} (goal <= 1.15)")
+        return
     started = time.perf_counter()
     try:
         out.first_points = first_points(1 if args.quick else args.first_runs, args.quick, workdir)

@@ -144,10 +144,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a small model, few repetitions")
     parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--worlds", default="2,4", help="the job sizes to run, comma-separated")
     args = parser.parse_args()
     repeats = args.repeats or (2 if args.quick else 5)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    for world in (2, 4):
+    for world in (int(w) for w in args.worlds.split(",")):
         run_job(world, repeats, args.quick)
 
 

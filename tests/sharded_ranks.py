@@ -94,12 +94,12 @@ def run_rank(rank: int, world: int, init: str, out: str, case: str, steps: int) 
     )
     sink = MemorySink()
     if case == "kill-contributor" and rank == 1:
-        import actorsys._core.collective as collective
+        import actorsys._core.contribution as contribution
 
         def die(*args: Any, **kwargs: Any) -> None:
             os._exit(17)
 
-        collective.write_pieces = die  # type: ignore[assignment]
+        contribution.write_pieces = die  # type: ignore[assignment]
     started = time.monotonic()
     with EvalBridge(config, eval_fn=CountingEval(), sink=sink) as ev:
         ev.prepare(model=model)

@@ -161,11 +161,7 @@ def test_bridge_imports_no_private_actorsys_module() -> None:
     assert private == set()
 
 
-KNOWN_PRIVATE_IMPORTS = {
-    # The collective's contributor writes its shards with the sharded writer; it moves with the
-    # split of the collective, and this entry with it.
-    ("actorsys._core.collective", "actorsys.snapshot._sharded"),
-}
+KNOWN_PRIVATE_IMPORTS: set[tuple[str, str]] = set()
 
 
 def private_to(target: str) -> str | None:

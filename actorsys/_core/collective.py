@@ -4,7 +4,7 @@ In a job of several ranks every rank opens its supervisor with the same config a
 the same steps in the same order. The rank ``EvalConfig.eval_rank`` (the *evaluating* rank)
 runs the pipeline: admission, export, pin, eval, sink. The others (*contributors*) only copy
 their local shards of a sharded model and write them into the evaluating rank's snapshot
-files (see :mod:`actorsys.snapshot._sharded`); their supervisors admit nothing and record
+files (see :func:`actorsys.snapshot.write_pieces`); their supervisors admit nothing and record
 nothing.
 
 The ranks meet through the job's own key-value store (the one ``init_process_group`` set
@@ -26,46 +26,42 @@ rank can block another's training collectives, and every wait is bounded:
   the evaluating rank waits for a contributor's shards at most ``collective_timeout``.
 
 The evaluating rank publishes from one messenger thread (a queue, never blocking the trainer
-or trio); the other waits run in worker threads.
+or trio); the other waits run in worker threads. The messages' formats and checks are in
+:mod:`actorsys._core.collective_messages`, the admission answer across the ranks in
+:mod:`actorsys._core.collective_admission`, a contributor's side of its supervisor in
+:mod:`actorsys._core.contribution`.
 """
 
 from __future__ import annotations
 
-import functools
 import itertools
 import json
 import logging
-import math
 import os
 import queue
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
-import trio
 
 from actorsys import staging
-from actorsys._core.admission import Reservation
-from actorsys._core.point import Point, Source
-from actorsys._core.submit import SubmitRequest
-from actorsys._errors import ActorsysError, ConfigError, SubmitError, SupervisorClosedError
-from actorsys.config import EvalConfig
-from actorsys.outcome import DrainReport, Outcome
-from actorsys.runtime import ThreadTracker, run_blocking
-from actorsys.sinks import Sink
-from actorsys.snapshot import (
-    BufferLease,
-    BufferPool,
-    CapturedWeights,
-    StatePlan,
-    capture_shards,
-    plan_state,
+from actorsys._core.collective_messages import (
+    Decision,
+    PeerGoneError,
+    checked_ready,
+    malformed,
+    parse_decision,
+    parse_json,
 )
-from actorsys.snapshot._sharded import write_pieces
+from actorsys._errors import ConfigError
+from actorsys.config import EvalConfig
+from actorsys.outcome import Outcome
+from actorsys.sinks import Sink
+
+__all__ = ["Collective", "Decision", "PeerGoneError", "StoreHandover", "is_collective_job"]
 
 log = logging.getLogger("actorsys")
 
@@ -77,68 +73,10 @@ _opens = itertools.count()
 """The n-th collective supervisor a process opens meets the n-th of every other rank."""
 
 
-class PeerGoneError(ActorsysError):
-    """Another rank did not answer within ``collective_timeout`` (it died, hung or closed),
-    or the job's store held a malformed message where its answer belongs (not JSON, not
-    UTF-8, not the expected shape, or a file outside ``hf_dir``): either way a skip."""
-
-
-MAX_MESSAGE_EXCERPT = 80
-
-
-def _malformed(key: str, text: object, problem: str) -> PeerGoneError:
-    excerpt = repr(text)[:MAX_MESSAGE_EXCERPT]
-    return PeerGoneError(f"the message {key!r} in the job's store is malformed ({problem}): "
-                         f"{excerpt}")
-
-
-def _json(key: str, text: str) -> Any:
-    try:
-        return json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise _malformed(key, text, f"not JSON: {exc}") from None
-
-
-def _inside(path: str, root: str) -> bool:
-    """Whether ``path`` lies strictly inside ``root`` once links are resolved."""
-    path, root = os.path.realpath(path), os.path.realpath(root)
-    return path != root and os.path.commonpath([path, root]) == root
-
-
-def checked_ready(key: str, ready: Any, hf_dir: str | None) -> tuple[str, dict[str, dict[str, int]]]:
-    """The ``ready/<step>`` message ``ready`` (parsed JSON, not None) as (directory, starts),
-    or :class:`PeerGoneError`: the directory must lie inside ``hf_dir``, every file name be a
-    plain name of that directory, every start a non-negative integer. (The writer checks
-    that each range ends inside its file.)"""
-    if not isinstance(ready, dict) or not isinstance(ready.get("directory"), str):
-        raise _malformed(key, ready, "expected {'directory': ..., 'starts': ...}")
-    directory, starts = ready["directory"], ready.get("starts")
-    if hf_dir is None or not os.path.isabs(directory) or not _inside(directory, hf_dir):
-        raise _malformed(key, directory, f"the directory is not inside hf_dir {hf_dir}")
-    if not isinstance(starts, dict):
-        raise _malformed(key, starts, "expected the starts as an object")
-    for filename, names in starts.items():
-        plain = (filename not in ("", ".", "..") and "/" not in filename and "\0" not in filename)
-        if not plain:
-            raise _malformed(key, filename, "a file name that is not a plain name")
-        if not isinstance(names, dict) or not all(
-            isinstance(n, str) and type(at) is int and at >= 0 for n, at in names.items()
-        ):
-            raise _malformed(key, names, "expected tensor names with non-negative offsets")
-    return directory, starts
-
-
 def is_collective_job() -> bool:
     """Whether this process is one rank of a ``torch.distributed`` job of several ranks."""
     dist = torch.distributed
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-@dataclass(frozen=True)
-class Decision:
-    step: int
-    admitted: bool
-    error: str | None = None
 
 
 class Collective:
@@ -295,15 +233,7 @@ class Collective:
         :class:`PeerGoneError` once it stopped beating (or closed)."""
         seq = next(self._submits)
         key = f"decision/{seq}"
-        decision = _json(key, self._wait_for(key, "its admission decision", alive=True))
-        if not (
-            isinstance(decision, list) and len(decision) == 3
-            and type(decision[0]) is int and isinstance(decision[1], bool)
-            and (decision[2] is None or isinstance(decision[2], str))
-        ):
-            raise _malformed(key, decision, "expected [step, admitted, error]")
-        step, admitted, error = decision
-        return Decision(step, admitted, error)
+        return parse_decision(key, self._wait_for(key, "its admission decision", alive=True))
 
     def wait_ready(
         self, step: int, check: Callable[[], None]
@@ -315,7 +245,7 @@ class Collective:
         if text is None:
             return None
         key = f"ready/{step}"
-        ready = _json(key, text)
+        ready = parse_json(key, text)
         if ready is None:
             return None
         staging_dir = self.config.staging_dir
@@ -364,7 +294,7 @@ class Collective:
                 try:
                     return value.decode()
                 except UnicodeDecodeError:
-                    raise _malformed(key, value, "not UTF-8") from None
+                    raise malformed(key, value, "not UTF-8") from None
             if gone is not None and self._store.check([gone]):
                 return None
             if check is not None:
@@ -399,7 +329,7 @@ def _own_client(store: Any) -> Any:
 
 class StoreHandover:
     """The evaluating rank's export of one step meeting the contributors (blocking calls,
-    from the export thread); see :class:`actorsys.snapshot._sharded.Handover`."""
+    from the export thread); the snapshot's ``Handover``."""
 
     def __init__(self, collective: Collective, step: int) -> None:
         self.collective = collective
@@ -433,25 +363,6 @@ class StoreHandover:
                 log.warning("could not tell the other ranks that step %d failed", self.step)
 
 
-async def decide(
-    collective: Collective,
-    reserve: Callable[[SubmitRequest], Awaitable[Reservation | None]],
-    request: SubmitRequest,
-) -> Reservation | None:
-    """The evaluating rank's part of a collective submit: its own admission, whose answer
-    (admitted, refused, or the error it raised) every other rank's submit then returns."""
-    try:
-        reservation = await reserve(request)
-    except ActorsysError as exc:
-        collective.decided(request.step, False, f"{type(exc).__name__}: {exc}")
-        raise
-    except BaseException:
-        collective.decided(request.step, False)
-        raise
-    collective.decided(request.step, reservation is not None)
-    return reservation
-
-
 class _SettleNotes:
     def __init__(self, sink: Sink, collective: Collective) -> None:
         self._sink = sink
@@ -467,218 +378,3 @@ class _SettleNotes:
         close = getattr(self._sink, "close", None)
         if callable(close):
             close()
-
-
-class Contribution:
-    """A contributor's side of its supervisor: its answer to each submit (the evaluating
-    rank's), and the writes of its shards, one after another, in worker threads.
-
-    ``run`` is a task of the supervisor's nursery; ``aclose`` ends it.
-    """
-
-    def __init__(self, collective: Collective, buffers: BufferPool, tracker: ThreadTracker) -> None:
-        self.collective = collective
-        self.buffers = buffers
-        self.tracker = tracker
-        self._send, self._receive = trio.open_memory_channel[tuple[int, CapturedWeights]](math.inf)
-        self._pending: dict[int, CapturedWeights] = {}
-        self._captured: dict[int, CapturedWeights] = {}
-        self._changed = trio.Event()
-        self._scope = trio.CancelScope()
-        self._limiter = trio.CapacityLimiter(1)
-        self.closed = False
-
-    async def reserve(self, request: SubmitRequest) -> Reservation | None:
-        """This rank's part of a collective submit: the evaluating rank's decision and, if
-        this rank holds shards, their copy. None if not admitted.
-
-        The copy of the local shards runs in a worker thread while the decision is on its
-        way, when a buffer set is free (it is given back if the point is refused), so the
-        control message costs the trainer nothing beyond the copy; the caller's thread waits
-        for both. Waits for the decision as long as the evaluating rank is alive (under
-        backpressure it waits for a slot); a dead one is a skip after
-        ``collective_timeout``. Raises :class:`SubmitError` when the evaluating rank raised,
-        or submitted another step. The reservation returned holds no buffers: the copy is
-        done, and ``launch`` queues its write.
-        """
-        if self.closed:
-            raise SupervisorClosedError("the supervisor is closed; it admits nothing more")
-        step, source = request.step, request.weights_source
-        plan, problem = None, None
-        try:
-            plan = None if source is None else plan_state(source)
-        except (TypeError, ValueError) as exc:
-            problem = exc
-        sharded = plan is not None and plan.sharding is not None
-        early = None
-        if sharded:
-            assert plan is not None
-            early = self.buffers.try_lease(plan.buffer_nbytes, pinned=plan.on_cuda)
-        copied: list[CapturedWeights | BaseException] = []
-        decision: Decision | None = None
-        try:
-            async with trio.open_nursery() as nursery:
-                if early is not None:
-                    assert plan is not None
-                    nursery.start_soon(self._copy, plan, early, copied)
-                decision = await self._decision(step)
-        except BaseException:
-            self._drop(copied)
-            raise
-        if decision is None or not decision.admitted or decision.error or decision.step != step:
-            self._drop(copied)
-            self._refused(step, decision)
-            return None
-        point = Point(step, Source.WEIGHTS)
-        if problem is not None:
-            await self._tell(step, f"{type(problem).__name__}: {problem}")
-            raise SubmitError(step, str(problem)) from problem
-        if not sharded:
-            await self._tell(step, None)
-            return Reservation(point, 0)
-        assert plan is not None
-        if not copied:
-            lease = await self._lease(plan.buffer_nbytes, plan.on_cuda)
-            if lease is None:
-                await self._tell(step, f"no free buffer set within {self.collective.timeout:g} s")
-                return Reservation(point, 0)
-            await self._copy(plan, lease, copied)
-        weights = copied[0]
-        if isinstance(weights, BaseException):
-            await self._tell(step, f"{type(weights).__name__}: {weights}")
-            raise SubmitError(step, str(weights)) from weights
-        self._captured[step] = weights
-        return Reservation(point, plan.nbytes)
-
-    def launch(self, reservation: Reservation, weights: CapturedWeights | None) -> bool:
-        """Queue the write of this rank's shards (copied at reserve). Never blocks."""
-        step = reservation.point.step
-        captured = self._captured.pop(step, None)
-        if captured is not None:
-            self._pending[step] = captured
-            self._send.send_nowait((step, captured))
-        return True
-
-    def release(self, reservation: Reservation) -> None:
-        step = reservation.point.step
-        captured = self._captured.pop(step, None)
-        if captured is not None:
-            captured.release()
-        self._spawn_tell(step, "the submit on this rank was given up")
-
-    async def _decision(self, step: int) -> Decision | None:
-        try:
-            return await run_blocking(
-                self.collective.wait_decision, abandon_on_cancel=True,
-                limiter=trio.CapacityLimiter(1), description=f"decision on step {step}",
-                tracker=self.tracker,
-            )
-        except PeerGoneError as exc:
-            log.warning("step %s not admitted: %s", step, exc)
-            return None
-
-    def _refused(self, step: int, decision: Decision | None) -> None:
-        """Not admitted here: raise if the evaluating rank raised or submitted another step;
-        a refusal (or a dead evaluating rank) returns."""
-        if decision is None or (decision.error is None and decision.step == step):
-            return
-        eval_rank = self.collective.eval_rank
-        if decision.step != step:
-            raise SubmitError(
-                step, f"the evaluating rank {eval_rank} submitted step {decision.step} here; "
-                "every rank submits the same steps in the same order",
-            )
-        raise SubmitError(step, f"refused by the evaluating rank {eval_rank}: {decision.error}")
-
-    async def _copy(
-        self, plan: StatePlan, lease: BufferLease, copied: list[CapturedWeights | BaseException]
-    ) -> None:
-        """Copy this rank's shards into ``lease`` in a worker thread, waited for even when
-        cancelled (the buffer is written until it returns)."""
-        try:
-            copied.append(await run_blocking(
-                lambda: capture_shards(plan, lease), abandon_on_cancel=False,
-                limiter=trio.CapacityLimiter(1), description="copy of the local shards",
-                tracker=self.tracker,
-            ))
-        except Exception as exc:
-            copied.append(exc)
-
-    @staticmethod
-    def _drop(copied: list[CapturedWeights | BaseException]) -> None:
-        for weights in copied:
-            if isinstance(weights, CapturedWeights):
-                weights.release()
-
-    async def run(self) -> None:
-        with self._scope:
-            async for step, weights in self._receive:
-                try:
-                    await run_blocking(
-                        functools.partial(self._write, step, weights), abandon_on_cancel=True,
-                        limiter=self._limiter, description=f"shards of step {step}",
-                        tracker=self.tracker,
-                    )
-                finally:
-                    weights.release()
-                    self._pending.pop(step, None)
-                    self._changed.set()
-                    self._changed = trio.Event()
-
-    async def drain(self, timeout: float | None) -> DrainReport:  # noqa: ASYNC109 - a budget
-        """Wait until the shards handed over so far are written, for at most ``timeout``."""
-        waiting = sorted(self._pending)
-        await trio.lowlevel.checkpoint()
-        with trio.move_on_after(math.inf if timeout is None else timeout):
-            while any(step in self._pending for step in waiting):
-                await self._changed.wait()
-        pending = [s for s in waiting if s in self._pending]
-        return DrainReport(settled=[s for s in waiting if s not in pending], pending=pending)
-
-    async def aclose(self, budget: float) -> list[int]:
-        """Stop admitting, let the queued writes finish within ``budget``, abandon the rest
-        (their threads stop at their next chunk). Returns the steps abandoned."""
-        self.closed = True
-        self._send.close()
-        report = await self.drain(budget)
-        self._scope.cancel()
-        for weights in list(self._pending.values()):
-            weights.release()
-        return report.pending
-
-    def _write(self, step: int, weights: CapturedWeights) -> None:
-        c = self.collective
-        try:
-            with weights.reading():
-                ready = c.wait_ready(step, weights.check_live)
-                if ready is None:
-                    return
-                directory, starts = ready
-                write_pieces(weights, directory, starts, evaluating=False, check=weights.check_live)
-            c.contributed(step, None)
-        except Exception as exc:
-            log.warning("the shards of step %d were not written: %r", step, exc)
-            try:
-                c.contributed(step, f"{type(exc).__name__}: {exc}")
-            except Exception:
-                log.warning("could not reach the job's store", exc_info=True)
-
-    async def _lease(self, nbytes: int, pinned: bool) -> BufferLease | None:
-        with trio.move_on_after(self.collective.timeout):
-            while True:
-                lease = self.buffers.try_lease(nbytes, pinned=pinned)
-                if lease is not None:
-                    return lease
-                await self._changed.wait()
-        return None
-
-    async def _tell(self, step: int, error: str | None) -> None:
-        await run_blocking(
-            lambda: self.collective.contributed(step, error), abandon_on_cancel=True,
-            limiter=trio.CapacityLimiter(1), description=f"answer on step {step}", tracker=self.tracker,
-        )
-
-    def _spawn_tell(self, step: int, error: str) -> None:
-        threading.Thread(
-            target=self.collective.contributed, args=(step, error), name="actorsys collective", daemon=True
-        ).start()

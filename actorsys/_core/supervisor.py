@@ -29,7 +29,9 @@ import trio
 
 from actorsys._core import close as _close
 from actorsys._core.admission import Reservation
-from actorsys._core.collective import Collective, Contribution, decide
+from actorsys._core.collective import Collective
+from actorsys._core.collective_admission import decide
+from actorsys._core.contribution import Contribution
 from actorsys._core.staging_claim import StagingClaim, open_staging
 from actorsys._core.submit import SubmitArguments, SubmitRequest
 from actorsys._core.wiring import Wiring, check_collaborators, wire

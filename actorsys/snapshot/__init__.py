@@ -8,7 +8,10 @@ returns the buffers to the pool, once no writer reads them any more. ``prepare_w
 the pool ready for given weights ahead of the first point (the supervisor's ``prepare``).
 What form a model takes (dense, peft adapters, sharded, or unsupported) is decided in one
 place, ``_forms``; a peft LoRA model is written merged (``_adapters``), its frozen base kept
-across points beside the pool's sets (``_kept``).
+across points beside the pool's sets (``_kept``). A sharded model's ranks each copy their
+local shards (``capture_shards`` on the ranks that only contribute them) and write their own
+ranges of one set of files (``write_pieces``; see ``_sharded``). A model planned before and
+unchanged since reuses its plan (``_plans``).
 """
 
 from actorsys.snapshot._capture import (
@@ -28,6 +31,7 @@ from actorsys.snapshot._model_files import (
 )
 from actorsys.snapshot._pool import BufferLease, BufferPool, PoolStatistics
 from actorsys.snapshot._prepare import prepare_like_checkpoint, prepare_weights
+from actorsys.snapshot._sharded import write_pieces
 from actorsys.snapshot._state import Source, StatePlan, plan_state
 from actorsys.snapshot._write import write_snapshot, write_weights
 
@@ -61,6 +65,7 @@ __all__ = [
     "prepare_like_checkpoint",
     "prepare_weights",
     "weights_nbytes",
+    "write_pieces",
     "write_snapshot",
     "write_weights",
 ]

@@ -179,7 +179,7 @@ def capture(
         if plan.model is not None:
             adapters = plan.adapters
             _capture_model_files(
-                plan.model, weights, count_parameters=adapters is None,
+                plan, weights, count_parameters=adapters is None,
                 structure=None if adapters is None else adapters.structure,
             )
     except BaseException:
@@ -233,7 +233,7 @@ def _copy_into(entries: dict[str, torch.Tensor], buffer: torch.Tensor) -> dict[s
 
 
 def _capture_model_files(
-    model: torch.nn.Module,
+    plan: StatePlan,
     weights: CapturedWeights,
     *,
     count_parameters: bool = True,
@@ -243,7 +243,9 @@ def _capture_model_files(
     (with its dtype and architecture, as ``save_pretrained`` sets them) and generation
     config, how to revert weight conversions (``structure``: the model's, if its plan knows
     it), and (``count_parameters``) the model's own parameter count (a peft model's counts its
-    adapters, which the merged model has not)."""
+    adapters, which the merged model has not). The count and the conversions follow from the
+    model's structure: they are looked up once per plan (``plan.memo``)."""
+    model = plan.model
     config = getattr(model, "config", None)
     if config is None or not callable(getattr(config, "save_pretrained", None)):
         return
@@ -257,11 +259,17 @@ def _capture_model_files(
     generation_config = getattr(model, "generation_config", None)
     if generation_config is not None and callable(can_generate) and can_generate():
         weights.generation_config = copy.deepcopy(generation_config)
+    memo = plan.memo
     num_parameters = getattr(model, "num_parameters", None)
     if count_parameters and callable(num_parameters):
-        weights.num_parameters = int(num_parameters())
-    has_conversions = _conversions.known(model, structure)
+        if "num_parameters" not in memo:
+            memo["num_parameters"] = int(num_parameters())
+        weights.num_parameters = memo["num_parameters"]
+    has_conversions = memo.get("conversions")
     if has_conversions is None:
+        has_conversions = memo["conversions"] = _conversions.known(model, structure)
+    if has_conversions is None:
+        del memo["conversions"]
         weights.conversion_candidate = model
     elif has_conversions:
         weights.converter = model

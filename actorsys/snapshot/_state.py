@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from actorsys.snapshot import _sharded
+from actorsys.snapshot import _plans, _sharded
 from actorsys.snapshot._adapters import plan_adapters
 from actorsys.snapshot._forms import ModelForm, model_form
 from actorsys.snapshot._tensors import (
@@ -30,18 +30,25 @@ from actorsys.snapshot._tensors import (
 def plan_state(source: Source) -> StatePlan:
     """Read ``source``'s state dict and decide what a checkpoint of it holds.
 
-    Cheap (no tensor data is touched). Raises ``TypeError`` / ``ValueError`` naming the entry
-    that cannot be written: a value that is not a tensor, a tensor on the meta device, a dtype
-    safetensors cannot hold; :class:`~actorsys.UnsupportedModelError` for a model in a form
-    that cannot be copied (see ``_forms``).
+    Cheap (no tensor data is touched), and cheaper again for a model planned before and
+    unchanged since: its plan is reused (see ``_plans``). Raises ``TypeError`` /
+    ``ValueError`` naming the entry that cannot be written: a value that is not a tensor, a
+    tensor on the meta device, a dtype safetensors cannot hold;
+    :class:`~actorsys.UnsupportedModelError` for a model in a form that cannot be copied
+    (see ``_forms``).
     """
     if isinstance(source, torch.nn.Module):
         module = unwrap(source)
+        known = _plans.recall(module)
+        if known is not None:
+            return known
         form = model_form(module)
         if form is ModelForm.ADAPTERS:
             return plan_adapters(module)
         if form is ModelForm.SHARDED:
-            return _sharded.plan_sharded(module, {})
+            plan = _sharded.plan_sharded(module, {})
+            _plans.remember(module, plan, keep_vars=True, compiled=False)
+            return plan
         model: torch.nn.Module | None = module
         state = {compiled_key(name): t for name, t in module.state_dict().items()}
     else:
@@ -57,7 +64,10 @@ def plan_state(source: Source) -> StatePlan:
     nbytes = sum(tensor_nbytes(t) for t in state.values())
     buffer_nbytes = sum(aligned(tensor_nbytes(t)) for t in state.values())
     on_cuda = any(t.device.type == "cuda" for t in state.values())
-    return StatePlan(model, state, nbytes, buffer_nbytes, on_cuda)
+    plan = StatePlan(model, state, nbytes, buffer_nbytes, on_cuda)
+    if model is not None:
+        _plans.remember(model, plan, keep_vars=False, compiled=True)
+    return plan
 
 
 def unwrap(module: torch.nn.Module) -> torch.nn.Module:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -42,6 +42,10 @@ class StatePlan:
     sharding: Any = None
     """A sharded model's layout (``_sharded.Sharding``): ``entries`` are then this rank's
     local shards, ``nbytes`` the bytes of the whole snapshot."""
+    memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    """Facts of the model that hold as long as this plan does (its parameter count, whether
+    transformers reverts weight conversions for it), looked up at the first capture only: a
+    reused plan (see ``_plans``) shares them."""
 
 
 def compiled_key(name: str) -> str:
