@@ -41,7 +41,7 @@ from actorsys import RolloutFnEvalInput, RolloutFnEvalOutput  # noqa: E402
 from actorsys.evals import OpenAIEvalFn  # noqa: E402
 from actorsys.fleet.chat_template import load_tokenizer, render_chat  # noqa: E402
 from actorsys.fleet.local import LocalFleet, embedded  # noqa: E402
-from tests.tool_chat_models import CALCULATOR, make_chat_model  # noqa: E402
+from tests.chat_models import CALCULATOR, make_tool_chat_model  # noqa: E402
 
 QUESTIONS = ["what is {a} * {b}?", "add {a} and {b}", "is {a} larger than {b}?", "{a} minus {b} is?"]
 
@@ -111,7 +111,7 @@ def direct(url: str, key: str, model: str, settings: tuple[int, int, int]) -> fl
 
 async def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as root:
-        model_dir = await trio.to_thread.run_sync(make_chat_model, Path(root) / "chat")
+        model_dir = await trio.to_thread.run_sync(make_tool_chat_model, Path(root) / "chat")
         tokenizer = await trio.to_thread.run_sync(load_tokenizer, str(model_dir))
         chats = conversations(args.prompts)
         rendered = [render_chat(tokenizer, c, tools=[CALCULATOR]) for c in chats]

@@ -7,4 +7,6 @@ bash scripts/setup.sh
 bash scripts/setup_vllm.sh
 .venv/bin/ruff check actorsys bridge tests examples bench
 .venv/bin/mypy
-.venv/bin/pytest -q "$@"
+# Two workers; each test file runs whole on one of them, and the files that start Ray, or vLLM,
+# run one at a time (tests/conftest.py: lane).
+.venv/bin/pytest -q -n 2 --dist loadfile "$@"

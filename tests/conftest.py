@@ -8,6 +8,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -46,3 +47,49 @@ def snapshot_dirs(staging: Path) -> list[str]:
 
 def tmp_dirs(staging: Path) -> list[str]:
     return sorted(name for name in os.listdir(staging) if name.startswith(".tmp-"))
+
+
+def lane(nodeid: str) -> str:
+    """The pytest-xdist work unit of the test ``nodeid`` (``--dist loadfile`` as the test
+    command runs it): its file, so that a module's module- and session-scoped fixtures start
+    once on one worker; but every file that starts a Ray cluster (``ray`` in its name) shares
+    one lane, and so does every file that starts vLLM (``vllm`` in its name), so that two of
+    either never run at once (each takes a core-bound start and GiBs of memory)."""
+    path = nodeid.split("::", 1)[0]
+    name = path.rsplit("/", 1)[-1]
+    for tier in ("vllm", "ray"):
+        if tier in name:
+            return tier
+    return path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """``--dist loadfile`` schedules by :func:`lane`; any other mode is xdist's own."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class Lanes(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return lane(nodeid)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            # The two long lanes first, so that neither is what the run waits for at its end.
+            for tier in ("ray", "vllm"):
+                if tier in self.workqueue:
+                    self.workqueue.move_to_end(tier, last=False)
+            super()._assign_work_unit(node)
+
+    return Lanes(config, log)  # type: ignore[arg-type]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test marked ``ray`` or ``vllm`` lives in a file that :func:`lane` puts in that lane."""
+    for item in items:
+        for tier in ("vllm", "ray"):
+            if item.get_closest_marker(tier) is not None and lane(item.nodeid) != tier:
+                raise pytest.UsageError(
+                    f"{item.nodeid} is marked {tier} but its file name lacks {tier!r}: the "
+                    f"test command's workers would run it beside another {tier} test"
+                )

@@ -17,7 +17,7 @@ import trio
 from actorsys import RolloutFnEvalInput
 from actorsys.fleet.embedded.model import GenerationRequest, GenerationResult, ModelHost
 from actorsys.fleet.embedded.server import EmbeddedEngine
-from tests.tool_chat_models import IM_END, make_chat_model
+from tests.chat_models import IM_END, make_tool_chat_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 from agent_eval import PROBLEMS, CalculatorAgent, calculate  # noqa: E402
@@ -72,7 +72,7 @@ def test_the_calculator_is_safe_arithmetic() -> None:
 
 @pytest.mark.timeout(120)
 async def test_each_conversation_calls_the_tool_and_is_scored(tmp_path: Path) -> None:
-    model_dir = await trio.to_thread.run_sync(make_chat_model, tmp_path / "chat")
+    model_dir = await trio.to_thread.run_sync(make_tool_chat_model, tmp_path / "chat")
     agent = CalculatorAgent([*PROBLEMS, ("What is 2 + 2?", 5.0)])
     output = await trio.to_thread.run_sync(run_agent, model_dir, agent)
     assert output.metrics == {"eval/calculator/solved": 2 / 3, "eval/calculator/tool_calls": 1.0}

@@ -13,7 +13,9 @@ from actorsys import EvalConfig
 from bridge import TRIO_THREAD, AsyncEvalBridge, EvalBridge
 
 T = 2.0
-SLACK = 0.5
+# Room for a loaded machine: a hang the close did not cut would run far past it (the
+# tests time out); how close close() keeps to T is measured in bench/close_bound.py.
+SLACK = 3.0
 
 
 @pytest.mark.timeout(30)

@@ -1,4 +1,5 @@
-"""Ctrl-C in a training process ends it within close_timeout + 1 s, leaving no tmp dirs."""
+"""Ctrl-C in a training process ends it within close_timeout (plus room for the interpreter's
+exit on a loaded machine; the stuck evaluations would hold it forever), leaving no tmp dirs."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from actorsys import staging
 
 HOST = Path(__file__).with_name("sigint_host.py")
 CLOSE_TIMEOUT = 2.0
+EXIT_ROOM = 5.0
 
 
 @pytest.mark.slow
@@ -38,7 +40,7 @@ def test_ctrl_c_during_training_exits_within_close_timeout(tmp_path: Path) -> No
     finally:
         host.kill()
         host.wait()
-    assert elapsed < CLOSE_TIMEOUT + 1.0
+    assert elapsed < CLOSE_TIMEOUT + EXIT_ROOM
     assert host.returncode == -signal.SIGINT
     report = json.loads(output.strip().splitlines()[-1])
     assert report["abandoned"], "the stuck evaluations are cut off and named"

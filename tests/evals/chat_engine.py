@@ -15,7 +15,7 @@ import httpx
 
 from actorsys import Fleet, SGLangEngine
 from actorsys.fleet.local import free_port
-from tests.tool_chat_models import make_chat_model
+from tests.chat_models import make_tool_chat_model
 
 
 @dataclass(frozen=True)
@@ -34,8 +34,8 @@ class ChatEngine:
 
 @contextmanager
 def chat_engine(root: Path, *, key: str | None, steps: tuple[int, ...] = (1, 2)) -> Iterator[ChatEngine]:
-    base = make_chat_model(root / "base", seed=0)
-    snapshots = {step: make_chat_model(root / f"step{step}", seed=step) for step in steps}
+    base = make_tool_chat_model(root / "base", seed=0)
+    snapshots = {step: make_tool_chat_model(root / f"step{step}", seed=step) for step in steps}
     port = free_port()
     command = [sys.executable, "-m", "actorsys", "engine", "--model", str(base), "--port", str(port)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}

@@ -17,8 +17,8 @@ import trio
 
 from actorsys import ConfigError, EvalConfig, EvalSupervisor, MemorySink, Outcome
 from actorsys.evals import InspectTasks
+from tests.chat_models import greedy_chat
 from tests.evals.chat_engine import ChatEngine, chat_engine
-from tests.tool_chat_models import greedy_chat
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 # Imported while the module is collected: a first import deep in a test's stack, after other

@@ -24,8 +24,8 @@ from actorsys import (
 )
 from actorsys.evals import OpenAIEvalFn
 from actorsys.fleet import StaleWeightsError
+from tests.chat_models import greedy_chat
 from tests.evals.chat_engine import ChatEngine, chat_engine
-from tests.tool_chat_models import greedy_chat
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -17,8 +17,8 @@ import trio
 from actorsys.fleet.embedded.model import GenerationRequest, GenerationResult, ModelHost
 from actorsys.fleet.embedded.server import EmbeddedEngine
 from actorsys.fleet.model_load import load_causal_lm
+from tests.chat_models import CALCULATOR, IM_END, make_tool_chat_model
 from tests.fleet.test_embedded import URL
-from tests.tool_chat_models import CALCULATOR, IM_END, make_chat_model
 
 MAX_TOKENS = 10
 ASSISTANT_CALL = {
@@ -44,7 +44,7 @@ CONVERSATIONS: list[tuple[str, list[dict[str, Any]], list[dict[str, Any]] | None
 
 @pytest.fixture(scope="module")
 def chat_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_chat_model(tmp_path_factory.mktemp("chat") / "model", seed=3)
+    return make_tool_chat_model(tmp_path_factory.mktemp("chat") / "model", seed=3)
 
 
 class ScriptedHost(ModelHost):
@@ -259,7 +259,7 @@ async def test_malformed_requests_are_400_naming_the_field_and_the_engine_stays_
 async def test_a_snapshot_without_a_chat_template_is_refused_naming_messages(
     tmp_path: Path, nursery: trio.Nursery
 ) -> None:
-    model_dir = await trio.to_thread.run_sync(make_chat_model, tmp_path / "plain")
+    model_dir = await trio.to_thread.run_sync(make_tool_chat_model, tmp_path / "plain")
     config_path = model_dir / "tokenizer_config.json"
     config = json.loads(config_path.read_text())
     config.pop("chat_template", None)

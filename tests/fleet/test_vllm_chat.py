@@ -14,9 +14,9 @@ import trio
 
 from actorsys.fleet.local import LocalFleet, vllm
 from actorsys.fleet.model_load import load_causal_lm
+from tests.chat_models import make_tool_chat_model
 from tests.fleet.conftest import VLLM_PYTHON, VLLM_TIER
 from tests.fleet.test_embedded_chat import CONVERSATIONS, as_template_expects
-from tests.tool_chat_models import make_chat_model
 
 pytestmark = VLLM_TIER
 MAX_TOKENS = 8
@@ -43,7 +43,7 @@ def greedy_ids(model_dir: Path) -> list[tuple[list[int], list[int]]]:
 
 @pytest.mark.timeout(600)
 async def test_a_launched_vllm_serves_chat_with_tools_on_the_rendered_prompt(tmp_path: Path) -> None:
-    model_dir = await trio.to_thread.run_sync(make_chat_model, tmp_path / "chat")
+    model_dir = await trio.to_thread.run_sync(make_tool_chat_model, tmp_path / "chat")
     expected = await trio.to_thread.run_sync(greedy_ids, model_dir)
     spec = vllm(str(model_dir), python=str(VLLM_PYTHON), tool_call_parser="hermes")
     async with (

@@ -117,7 +117,8 @@ def test_a_hung_eval_is_cut_within_drain_timeout_plus_the_close_budget(tmp_path:
     trainer.train()
     returned = time.monotonic()
 
-    assert returned - keeps.step_ended_at[10] < 1.0 + 2.0 + 1.5
+    # drain_timeout + close_timeout, and room for a loaded machine (the hang is forever).
+    assert returned - keeps.step_ended_at[10] < 1.0 + 2.0 + 5.0
     assert callback.session.close_report is not None
     assert callback.session.close_report.abandoned == [10]
     assert eval_rows(trainer.state.log_history)[10]["eval/skipped_closed"] == 1
