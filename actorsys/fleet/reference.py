@@ -152,10 +152,12 @@ class ReferenceWorker:
         """Start the worker now, if none runs, so that its imports (torch, transformers: a few
         seconds of CPU, at its lower priority) are done before the first reference is asked.
         Returns once the process is started, not once it is ready; a request that comes
-        meanwhile waits in its pipe. Cancellable (the worker started stays)."""
+        meanwhile waits in its pipe. Cancellable while it waits for the worker's lock; the
+        start itself (a fork and exec, milliseconds) is never abandoned, so a close that
+        cancels it finds the process in its box and kills it, never leaving one behind."""
         await run_blocking(
             self._live,
-            abandon_on_cancel=True,
+            abandon_on_cancel=False,
             limiter=self._limiter,
             description="starting the reference worker",
             tracker=self.tracker,
