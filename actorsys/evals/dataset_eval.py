@@ -20,14 +20,14 @@ from actorsys.config import require_seconds
 from actorsys.contracts import CheckpointEvalFn, RolloutFnEvalInput, RolloutFnEvalOutput
 from actorsys.evals.datasets import EvalDataset
 from actorsys.evals.sampling import (
+    ScorerWarmUp,
     check_datasets,
     check_limits,
     evaluate_datasets,
-    warm_scorers,
 )
 
 
-class DatasetEval(CheckpointEvalFn):
+class DatasetEval(ScorerWarmUp, CheckpointEvalFn):
     """Samples every dataset on the pinned ``input.fleet`` and scores it.
 
     At most ``concurrency`` requests are in flight; each must be answered within
@@ -59,11 +59,6 @@ class DatasetEval(CheckpointEvalFn):
 
     def __repr__(self) -> str:
         return f"DatasetEval({[d.name for d in self.datasets]})"
-
-    async def _warm_up(self) -> None:
-        """Start and warm the scoring workers, so that the first point pays no worker start
-        (the supervisor runs it in the background when it opens; close cancels it)."""
-        await warm_scorers(self.datasets)
 
     async def evaluate_checkpoint(
         self, checkpoint_dir: str, input: RolloutFnEvalInput  # noqa: A002

@@ -202,6 +202,17 @@ async def warm_scorers(datasets: Sequence[EvalDataset]) -> None:
     await warm_workers([pool_scorer(dataset) for dataset in datasets])
 
 
+class ScorerWarmUp:
+    """The warm-up of an eval fn that scores ``datasets``: the supervisor runs ``_warm_up`` in
+    the background when it opens (close cancels it), so that the first point pays no worker
+    start (:func:`warm_scorers`)."""
+
+    datasets: Sequence[EvalDataset]
+
+    async def _warm_up(self) -> None:
+        await warm_scorers(self.datasets)
+
+
 async def score_answers(
     dataset: EvalDataset,
     answers: Sequence[Completion],

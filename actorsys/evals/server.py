@@ -41,10 +41,10 @@ from actorsys.config import require_seconds
 from actorsys.contracts import CheckpointEvalFn, EvalSkip, RolloutFnEvalInput, RolloutFnEvalOutput
 from actorsys.evals.datasets import EvalDataset
 from actorsys.evals.sampling import (
+    ScorerWarmUp,
     check_datasets,
     check_limits,
     evaluate_datasets,
-    warm_scorers,
 )
 from actorsys.fleet import (
     CheckpointRejectedError,
@@ -71,7 +71,7 @@ T = TypeVar("T")
 ServerClient = VLLMEngine | SGLangEngine
 
 
-class ServerEvalFn(CheckpointEvalFn):
+class ServerEvalFn(ScorerWarmUp, CheckpointEvalFn):
     """Samples and scores ``datasets`` on one external server, pinned to each checkpoint.
 
     Exactly one of ``url`` (attach) or ``launch`` (an argv with ``{port}``; the process gets
@@ -178,11 +178,6 @@ class ServerEvalFn(CheckpointEvalFn):
                               reload_method=TIED_RELOAD if self.tied_reload else RELOAD)
         return SGLangEngine(url, name=url, api_key=self.api_key,
                             request_timeout=self.request_timeout, load_timeout=self.pin_timeout)
-
-    async def _warm_up(self) -> None:
-        """Start and warm the scoring workers, so that the first point pays no worker start
-        (the supervisor runs it in the background when it opens; close cancels it)."""
-        await warm_scorers(self.datasets)
 
     async def evaluate_checkpoint(
         self, checkpoint_dir: str, input: RolloutFnEvalInput  # noqa: A002

@@ -36,12 +36,18 @@ LISTEN = "0A"
 """The state of a listening socket in ``/proc/net/tcp``."""
 
 
-def held_listener(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
+def held_listener(
+    host: str = "127.0.0.1", port: int = 0, *, reuse_address: bool = False
+) -> socket.socket:
     """A TCP socket bound to ``host`` on ``port`` (0: one the kernel picks, so the port is
     ours before anyone learns its number), listening. Pass its ``fileno()`` to the server
-    with ``pass_fds`` and keep it open as long as the server may be restarted on it."""
+    with ``pass_fds`` and keep it open as long as the server may be restarted on it.
+    ``reuse_address`` sets ``SO_REUSEADDR`` before the bind. Raises ``OSError`` (the port is
+    taken, the address is not this machine's), the socket closed."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     try:
+        if reuse_address:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
         sock.listen(128)
     except OSError:

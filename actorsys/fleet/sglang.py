@@ -11,10 +11,9 @@ default aborts every request) is never called.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Unpack
 
-import httpx
-
-from actorsys.fleet._http import HttpEngine, json_object
+from actorsys.fleet._http import HttpEngine, HttpOptions, json_object
 from actorsys.fleet.engine import CheckpointRejectedError, EngineUnhealthyError
 from actorsys.fleet.probe import PROBE_SAMPLING
 
@@ -35,22 +34,11 @@ class SGLangEngine(HttpEngine):
         self,
         url: str,
         *,
-        name: str | None = None,
-        api_key: str | None = None,
         health_generate: bool = False,
         flush_cache: bool = True,
-        request_timeout: float = 30.0,
-        load_timeout: float = 600.0,
-        transport: httpx.AsyncBaseTransport | None = None,
+        **options: Unpack[HttpOptions],
     ) -> None:
-        super().__init__(
-            url,
-            name=name,
-            api_key=api_key,
-            request_timeout=request_timeout,
-            load_timeout=load_timeout,
-            transport=transport,
-        )
+        super().__init__(url, **options)
         self.flush_cache = flush_cache
         self._health_path = "/health_generate" if health_generate else "/health"
         self._version_path: str | None = None

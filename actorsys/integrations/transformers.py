@@ -26,9 +26,8 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Sequence
 from types import FrameType
-from typing import Any
+from typing import Any, Unpack
 
 import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
@@ -36,8 +35,7 @@ from transformers.trainer_callback import CallbackHandler
 
 from actorsys._errors import ConfigError
 from actorsys.config import EvalConfig
-from actorsys.integrations._session import TrainingSession
-from actorsys.sinks import Sink
+from actorsys.integrations._session import SessionOptions, TrainingSession
 from actorsys.sinks.rows import WandbEvalAxis, log_row
 
 log = logging.getLogger("actorsys.integrations")
@@ -64,17 +62,9 @@ class EvalCallback(TrainerCallback):
     def __init__(
         self,
         config: EvalConfig,
-        *,
-        eval_fn: Any,
-        fleet: Any = None,
-        every: int,
-        sink: Sink | Sequence[Sink] | None = None,
-        drain_timeout: float = 600.0,
+        **session: Unpack[SessionOptions],
     ) -> None:
-        self.session = TrainingSession(
-            config, eval_fn=eval_fn, fleet=fleet, every=every, sink=sink,
-            drain_timeout=drain_timeout,
-        )
+        self.session = TrainingSession(config, **session)
         self._handler: CallbackHandler | None = None
         self._wandb_axis = WandbEvalAxis()
 

@@ -189,12 +189,29 @@ def chat_response(
         for index, (request, result) in enumerate(zip(call.requests, results, strict=True))
     ]
     prompt_tokens = len(call.requests[0].input_ids) if call.requests else 0
+    return openai_body(
+        "chatcmpl", "chat.completion", call.model or served_model_name, choices, prompt_tokens,
+        results,
+    )
+
+
+def openai_body(
+    id_prefix: str,
+    kind: str,
+    model: str,
+    choices: list[dict[str, Any]],
+    prompt_tokens: int,
+    results: Sequence[GenerationResult],
+) -> dict[str, Any]:
+    """The body of an OpenAI answer (``/v1/chat/completions`` or ``/v1/completions``):
+    ``kind`` is its ``object``, ``usage`` counts ``prompt_tokens`` and the tokens of
+    ``results``, and ``metadata.weight_version`` is the version that generated them."""
     completion_tokens = sum(len(r.output_ids) for r in results)
     return {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
-        "object": "chat.completion",
+        "id": f"{id_prefix}-{uuid.uuid4().hex}",
+        "object": kind,
         "created": int(time.time()),
-        "model": call.model or served_model_name,
+        "model": model,
         "choices": choices,
         "usage": {
             "prompt_tokens": prompt_tokens,

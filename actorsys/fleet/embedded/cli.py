@@ -30,7 +30,7 @@ from hypercorn.asyncio import serve
 from hypercorn.config import Config
 
 from actorsys._flags import EXIT_USAGE, int_at_least
-from actorsys.fleet._port import inherited_listener
+from actorsys.fleet._port import held_listener, inherited_listener
 from actorsys.fleet.embedded import API_KEY_ENV
 from actorsys.fleet.embedded.model import ModelHost
 from actorsys.fleet.embedded.server import MAX_BODY_BYTES, EmbeddedEngine
@@ -156,15 +156,7 @@ def run_engine(args: argparse.Namespace) -> int:
 def listening_socket(host: str, port: int) -> socket.socket:
     """A TCP socket bound to ``host:port`` and listening; raises ``OSError`` (the port is
     taken, the address is not this machine's)."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(128)
-    except OSError:
-        sock.close()
-        raise
-    return sock
+    return held_listener(host, port, reuse_address=True)
 
 
 async def serve_engine(

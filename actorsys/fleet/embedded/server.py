@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -41,7 +40,7 @@ from starlette.routing import Route
 
 from actorsys._errors import ActorsysError
 from actorsys.fleet.checkpoint import CheckpointMismatchError
-from actorsys.fleet.embedded.chat import ChatTemplates, chat_call, chat_response
+from actorsys.fleet.embedded.chat import ChatTemplates, chat_call, chat_response, openai_body
 from actorsys.fleet.embedded.logprobs import openai_logprobs
 from actorsys.fleet.embedded.model import (
     GenerationRequest,
@@ -317,22 +316,12 @@ class EmbeddedEngine:
             for index, (req, result) in enumerate(zip(requests, results, strict=True))
         ]
         prompt_tokens = sum(len(r.input_ids) for r in requests)
-        completion_tokens = sum(len(r.output_ids) for r in results)
+        name = model if isinstance(model, str) and model and is_utf8(model) else None
         return JSONResponse(
-            {
-                "id": f"cmpl-{uuid.uuid4().hex}",
-                "object": "text_completion",
-                "created": int(time.time()),
-                "model": model if isinstance(model, str) and model and is_utf8(model)
-                else self.served_model_name,
-                "choices": choices,
-                "usage": {
-                    "prompt_tokens": prompt_tokens,
-                    "completion_tokens": completion_tokens,
-                    "total_tokens": prompt_tokens + completion_tokens,
-                },
-                "metadata": {"weight_version": results[0].weight_version if results else None},
-            }
+            openai_body(
+                "cmpl", "text_completion", name or self.served_model_name, choices,
+                prompt_tokens, results,
+            )
         )
 
     async def _chat_completions(self, request: Request) -> JSONResponse:
