@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 import logging
 from collections.abc import Sequence
-from typing import Any, Required, TypedDict
+from typing import Any
 
 import torch
 
@@ -41,17 +41,6 @@ class SettledPoints:
         return taken
 
 
-class SessionOptions(TypedDict, total=False):
-    """The keyword arguments of :class:`TrainingSession`, which both trainer callbacks take
-    and pass on."""
-
-    eval_fn: Required[Any]
-    fleet: Any
-    every: Required[int]
-    sink: Sink | Sequence[Sink] | None
-    drain_timeout: float
-
-
 class TrainingSession:
     """One bridge for one ``train()``: opened with :meth:`open`, a point per :meth:`step`
     that is due, and :meth:`finish` at the end (drain, then close).
@@ -67,10 +56,10 @@ class TrainingSession:
         config: EvalConfig,
         *,
         eval_fn: Any,
-        fleet: Any = None,
+        fleet: Any,
         every: int,
-        sink: Sink | Sequence[Sink] | None = None,
-        drain_timeout: float = 600.0,
+        sink: Sink | Sequence[Sink] | None,
+        drain_timeout: float,
     ) -> None:
         if not isinstance(config, EvalConfig):
             raise ConfigError("config", f"expected an EvalConfig, got {type(config).__name__}")

@@ -24,7 +24,8 @@ trainer at its own step: ``logger.log_metrics(row, step=point_step)``.
 
 from __future__ import annotations
 
-from typing import Any, Unpack
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -38,7 +39,8 @@ from transformers import PreTrainedModel
 
 from actorsys._errors import ConfigError
 from actorsys.config import EvalConfig
-from actorsys.integrations._session import SessionOptions, TrainingSession
+from actorsys.integrations._session import TrainingSession
+from actorsys.sinks import Sink
 from actorsys.sinks.rows import log_row
 
 
@@ -59,10 +61,17 @@ class EvalCallback(pl.Callback):
         self,
         config: EvalConfig,
         *,
+        eval_fn: Any,
+        fleet: Any = None,
+        every: int,
+        sink: Sink | Sequence[Sink] | None = None,
+        drain_timeout: float = 600.0,
         model_attr: str = "model",
-        **session: Unpack[SessionOptions],
     ) -> None:
-        self.session = TrainingSession(config, **session)
+        self.session = TrainingSession(
+            config, eval_fn=eval_fn, fleet=fleet, every=every, sink=sink,
+            drain_timeout=drain_timeout,
+        )
         self.model_attr = model_attr
 
     def exported_model(self, pl_module: pl.LightningModule) -> torch.nn.Module:

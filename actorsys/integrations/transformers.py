@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Sequence
 from types import FrameType
-from typing import Any, Unpack
+from typing import Any
 
 import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
@@ -35,7 +36,8 @@ from transformers.trainer_callback import CallbackHandler
 
 from actorsys._errors import ConfigError
 from actorsys.config import EvalConfig
-from actorsys.integrations._session import SessionOptions, TrainingSession
+from actorsys.integrations._session import TrainingSession
+from actorsys.sinks import Sink
 from actorsys.sinks.rows import WandbEvalAxis, log_row
 
 log = logging.getLogger("actorsys.integrations")
@@ -62,9 +64,17 @@ class EvalCallback(TrainerCallback):
     def __init__(
         self,
         config: EvalConfig,
-        **session: Unpack[SessionOptions],
+        *,
+        eval_fn: Any,
+        fleet: Any = None,
+        every: int,
+        sink: Sink | Sequence[Sink] | None = None,
+        drain_timeout: float = 600.0,
     ) -> None:
-        self.session = TrainingSession(config, **session)
+        self.session = TrainingSession(
+            config, eval_fn=eval_fn, fleet=fleet, every=every, sink=sink,
+            drain_timeout=drain_timeout,
+        )
         self._handler: CallbackHandler | None = None
         self._wandb_axis = WandbEvalAxis()
 
