@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, TypedDict
+from typing import Any
 
 import httpx
 import trio
@@ -33,16 +33,6 @@ def check_url(url: object, owner: str) -> str:
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
         raise ConfigError(f"{owner}(url)", f"expected an http:// or https:// URL, got {url!r}")
     return url.rstrip("/")
-
-
-class HttpOptions(TypedDict, total=False):
-    """The keyword arguments of :class:`HttpEngine`, which its subclasses pass on."""
-
-    name: str | None
-    api_key: str | None
-    request_timeout: float
-    load_timeout: float
-    transport: httpx.AsyncBaseTransport | None
 
 
 class HttpEngine:

@@ -11,9 +11,10 @@ default aborts every request) is never called.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Unpack
 
-from actorsys.fleet._http import HttpEngine, HttpOptions, json_object
+import httpx
+
+from actorsys.fleet._http import HttpEngine, json_object
 from actorsys.fleet.engine import CheckpointRejectedError, EngineUnhealthyError
 from actorsys.fleet.probe import PROBE_SAMPLING
 
@@ -34,11 +35,22 @@ class SGLangEngine(HttpEngine):
         self,
         url: str,
         *,
+        name: str | None = None,
+        api_key: str | None = None,
         health_generate: bool = False,
         flush_cache: bool = True,
-        **options: Unpack[HttpOptions],
+        request_timeout: float = 30.0,
+        load_timeout: float = 600.0,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        super().__init__(url, **options)
+        super().__init__(
+            url,
+            name=name,
+            api_key=api_key,
+            request_timeout=request_timeout,
+            load_timeout=load_timeout,
+            transport=transport,
+        )
         self.flush_cache = flush_cache
         self._health_path = "/health_generate" if health_generate else "/health"
         self._version_path: str | None = None

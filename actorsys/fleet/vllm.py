@@ -18,12 +18,13 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar, Unpack
+from typing import Any, TypeVar
 
+import httpx
 import trio
 
 from actorsys._errors import ConfigError
-from actorsys.fleet._http import HttpEngine, HttpOptions, json_object
+from actorsys.fleet._http import HttpEngine, json_object
 from actorsys.fleet.checkpoint import (
     CheckpointMismatchError,
     TensorInfo,
@@ -64,12 +65,23 @@ class VLLMEngine(HttpEngine):
         self,
         url: str,
         *,
+        name: str | None = None,
+        api_key: str | None = None,
         served_model_dir: str | None = None,
         require_complete: bool = False,
         reload_method: str = RELOAD,
-        **options: Unpack[HttpOptions],
+        request_timeout: float = 30.0,
+        load_timeout: float = 600.0,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        super().__init__(url, **options)
+        super().__init__(
+            url,
+            name=name,
+            api_key=api_key,
+            request_timeout=request_timeout,
+            load_timeout=load_timeout,
+            transport=transport,
+        )
         self.served_model_dir = served_model_dir
         self.require_complete = require_complete
         if reload_method not in (RELOAD, TIED_RELOAD):
