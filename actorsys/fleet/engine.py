@@ -333,15 +333,28 @@ class Fleet:
                 lambda engine: engine.load_weights(path, version), "refused the load"
             )
             asked: list[list[Answer | None] | PinError | None] = [None]
+            # An error raised in a nursery's body leaves it inside an ExceptionGroup: the
+            # read-back's PinError is kept and raised past the nursery, as itself.
+            unread: PinError | None = None
             async with trio.open_nursery() as nursery:
                 if prompts is not None:
                     nursery.start_soon(self._ask, probed, prompts, asked)
-                served = await self._on_all(
-                    lambda engine: engine.weight_version(), "could not report its weight version"
-                )
-                wrong = [(e, v) for e, v in zip(self.engines, served, strict=True) if v != version]
-                if wrong:
+                try:
+                    served = await self._on_all(
+                        lambda engine: engine.weight_version(),
+                        "could not report its weight version",
+                    )
+                except PinError as exc:
+                    unread = exc
                     nursery.cancel_scope.cancel()
+                else:
+                    wrong = [
+                        (e, v) for e, v in zip(self.engines, served, strict=True) if v != version
+                    ]
+                    if wrong:
+                        nursery.cancel_scope.cancel()
+            if unread is not None:
+                raise unread
             if not wrong:
                 answers = asked[0]
                 if isinstance(answers, PinError):
