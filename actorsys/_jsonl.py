@@ -32,7 +32,9 @@ def append_lines(path: str, lines: Sequence[str], *, fsync: bool = True) -> None
     """Append ``lines`` (each newline ended, from :func:`encode_line`) to ``path`` in one
     write, then fsync it (unless ``fsync`` is false: the lines then survive a crash of this
     process, not of the machine); the file is created if missing. Raises ``OSError`` or
-    :class:`~actorsys._errors.UnsafePathError`."""
+    :class:`~actorsys._errors.UnsafePathError`. Blocking (disk I/O and fsync): callers run it
+    in a worker thread (the ledger's writes through watch's ``run_blocking``, JsonlSink in
+    its writer thread), never on the trio thread."""
     if not lines:
         return
     fd = open_private(path, os.O_RDWR | os.O_APPEND | os.O_CREAT)

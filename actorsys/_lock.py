@@ -39,7 +39,9 @@ class PidLock:
         return self._fd is not None
 
     def acquire(self) -> None:
-        """Take the lock and write this process's pid into the file (fsynced)."""
+        """Take the lock and write this process's pid into the file (fsynced). Blocking: the
+        staging claim and watch's OUT lock take it in a worker thread, never on the trio
+        thread."""
         while True:
             fd = open_private(self.path, os.O_RDWR | os.O_CREAT)
             try:

@@ -5,11 +5,7 @@ model where generation matters (a fake host where the test must control the mode
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
-import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -23,8 +19,8 @@ from actorsys import SGLangEngine
 from actorsys.fleet.embedded.model import GenerationRequest, GenerationResult, ModelHost
 from actorsys.fleet.embedded.requests import MAX_SEQUENCES
 from actorsys.fleet.embedded.server import EmbeddedEngine
-from actorsys.fleet.local import free_port
 from actorsys.fleet.vllm_worker.actorsys_api_key import ApiKeyMiddleware
+from tests.engine_process import engine_process as serve_engine
 from tests.fleet.conftest import TinyModels
 
 URL = "http://engine"
@@ -336,25 +332,8 @@ raw_bodies = st.one_of(
 @pytest.fixture(scope="module")
 def engine_process(tiny: TinyModels) -> Iterator[str]:
     """A real engine process serving the tiny model; its URL."""
-    port = free_port()
-    command = [sys.executable, "-m", "actorsys", "engine", "--model", str(tiny.base),
-               "--port", str(port), "--max-batch", "4"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    process = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        with httpx.Client(timeout=5.0) as client:
-            for _ in range(600):
-                assert process.poll() is None, "the engine exited at start"
-                try:
-                    if client.get(f"{url}/health").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    time.sleep(0.1)
+    with serve_engine(["--model", str(tiny.base), "--max-batch", "4"]) as url:
         yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
 
 
 @pytest.mark.slow
