@@ -28,6 +28,7 @@ from actorsys.runtime import ThreadTracker, run_blocking
 
 REAPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_reaper.py")
 LOG_READ_TIMEOUT = 5.0
+GROUP_POLL_SECONDS = 0.02
 """Seconds :meth:`ManagedProcess.read_log_tail` waits for a log on a hung filesystem."""
 
 
@@ -100,6 +101,18 @@ class ManagedProcess:
             self.signal_group(signal.SIGKILL)
             with trio.move_on_after(max(grace, 1.0)):
                 await self.wait()
+                # The reaper is gone, but a killed member of its group (an engine's own child)
+                # dies a moment later: return once the group is empty, so no process of ours
+                # outlives the stop.
+                while self._group_alive():  # noqa: ASYNC110 - the kernel has no event for it
+                    await trio.sleep(GROUP_POLL_SECONDS)
+
+    def _group_alive(self) -> bool:
+        try:
+            os.killpg(self.pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
 
     async def read_log_tail(self, size: int = 4000) -> str:
         """:meth:`log_tail` from trio: read in a worker thread, one read at a time, given up
