@@ -18,8 +18,9 @@ pinned like every fleet, through :meth:`Fleet.pin_and_verify`::
 
 A launched vLLM server is completed by :func:`~actorsys.fleet.vllm_launch.vllm_launch` (the
 weight-update endpoints, the key middleware, and the worker extension whose reload handles
-tied embeddings unless its argv names a ``--worker-extension-cls`` of its own). Nothing is
-started before the first :meth:`fleet`.
+tied embeddings unless its argv names a ``--worker-extension-cls`` of its own); how the argv
+becomes the server's command and environment is :mod:`~actorsys.fleet.external_launch`.
+Nothing is started before the first :meth:`fleet`.
 """
 
 from __future__ import annotations
@@ -35,15 +36,14 @@ import trio
 
 from actorsys._errors import ConfigError
 from actorsys.fleet._http import check_url
-from actorsys.fleet._loopback import free_port, new_api_key, on_host, wait_healthy
+from actorsys.fleet._loopback import free_port, new_api_key, wait_healthy
 from actorsys.fleet._port import until_owned
 from actorsys.fleet._process import ManagedProcess, spawn
-from actorsys.fleet.embedded import API_KEY_ENV as ENGINE_API_KEY_ENV
 from actorsys.fleet.engine import Engine, Fleet
 from actorsys.fleet.errors import EngineUnauthorizedError, EngineUnhealthyError
+from actorsys.fleet.external_launch import argv_key, check_launch, launch_command, without_key
 from actorsys.fleet.flavor import FLAVORS, Flavor, engine_of_flavor
-from actorsys.fleet.vllm_launch import EXTENSION_FLAG, vllm_launch
-from actorsys.fleet.vllm_worker.actorsys_api_key import KEY_ENV as VLLM_API_KEY_ENV
+from actorsys.fleet.vllm_launch import EXTENSION_FLAG
 from actorsys.runtime import ThreadTracker, run_blocking
 
 __all__ = ["ExternalServer", "ManagedProcess"]
@@ -87,21 +87,15 @@ class ExternalServer:
         if url is not None:
             url = check_url(url, owner)
         if launch is not None:
-            if isinstance(launch, str) or not launch or not all(isinstance(a, str) for a in launch):
-                raise ConfigError(f"{owner}(launch)", f"expected an argv list of strings, got "
-                                  f"{launch!r}")
-            if not any("{port}" in arg for arg in launch):
-                raise ConfigError(f"{owner}(launch)", "the argv must contain '{port}' where "
-                                  "the server's port goes, e.g. '--port', '{port}'")
+            check_launch(launch, owner)
         if flavor not in FLAVORS:
             raise ConfigError(f"{owner}(flavor)", f"expected one of {', '.join(FLAVORS)}, "
                               f"got {flavor!r}")
         self.url = url
-        argv_key = _argv_key(launch) if launch is not None else None
-        self._argv_key = argv_key
+        self._argv_key = argv_key(launch) if launch is not None else None
         """A key the user wrote into ``launch`` (``--api-key KEY``): kept out of ``launch``
         and the repr, handed to the server in its environment (see :meth:`_start`)."""
-        self.launch = _without_key(launch) if launch is not None else None
+        self.launch = without_key(launch) if launch is not None else None
         self.flavor: Flavor = flavor
         self.make_engine = make_engine
         self.ready_timeout = ready_timeout
@@ -233,20 +227,11 @@ class ExternalServer:
     async def _start(self) -> None:
         assert self.launch is not None
         port = free_port()
-        argv = on_host([arg.replace("{port}", str(port)) for arg in self.launch], "127.0.0.1")
         self.api_key = self.api_key or self._argv_key or new_api_key()
-        env = {**os.environ, ENGINE_API_KEY_ENV: self.api_key, VLLM_API_KEY_ENV: self.api_key}
-        if self._argv_key is not None and not (self.launches_vllm or _is_engine(argv)):
-            # Neither vLLM nor the embedded engine: a server that may read its key only from
-            # its command line, where every local user can read it.
-            argv = [*argv, "--api-key", self._argv_key]
-            log.warning("the launched server gets its --api-key on its command line, which "
-                        "every local user can read; vLLM and the embedded engine read it from "
-                        "their environment instead")
-        if self.launches_vllm:
-            launch = vllm_launch(argv, tied_reload=self.tied_reload)
-            argv = launch.argv
-            env.update(launch.env)
+        argv, env = launch_command(
+            self.launch, port, api_key=self.api_key, key_in_argv=self._argv_key,
+            launches_vllm=self.launches_vllm, tied_reload=self.tied_reload,
+        )
         self.log_path = await self._in_thread(_new_log, "creation of the server's log")
         # Forked from this (the evaluating trio) thread: the server lives as long as it.
         self.process = spawn("eval-server", argv, log_path=self.log_path, env=env,
@@ -266,35 +251,6 @@ class ExternalServer:
     async def _log_tail(self) -> str:
         tail = await self.process.read_log_tail(2000) if self.process is not None else ""
         return f"; its log ends:\n{tail}" if tail else ""
-
-
-def _argv_key(argv: Sequence[str]) -> str | None:
-    """The value of ``--api-key`` in ``argv`` (the key a server launched with it requires)."""
-    for index, arg in enumerate(argv):
-        if arg.startswith("--api-key="):
-            return arg.partition("=")[2] or None
-        if arg == "--api-key" and index + 1 < len(argv):
-            return argv[index + 1]
-    return None
-
-
-def _without_key(argv: Sequence[str]) -> list[str]:
-    """``argv`` without ``--api-key KEY`` / ``--api-key=KEY``."""
-    kept: list[str] = []
-    skip = False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg == "--api-key":
-            skip = True
-        elif not arg.startswith("--api-key="):
-            kept.append(arg)
-    return kept
-
-
-def _is_engine(argv: Sequence[str]) -> bool:
-    """Whether ``argv`` runs the embedded engine (which reads ``ACTORSYS_API_KEY``)."""
-    return any(a == "actorsys" and b == "engine" for a, b in zip(argv, argv[1:], strict=False))
 
 
 def _new_log() -> str:

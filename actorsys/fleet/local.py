@@ -27,15 +27,14 @@ port (its client stays valid), at most ``max_restarts`` times within ``restart_p
 seconds; past that the fleet gives up on it, logs so, and leaves it down (its ``state`` is
 ``"gave_up"``; points pin ``unhealthy``). A restarted engine serves its initial weights: the
 next pin loads the snapshot and reads the version back, as every pin does.
+
+How one engine or the router is started and waited for: :mod:`~actorsys.fleet.local_start`.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import shutil
-import socket
-import tempfile
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
@@ -44,28 +43,18 @@ from typing import TypeVar
 import trio
 
 from actorsys._errors import ConfigError
-from actorsys.fleet._loopback import (
-    HEALTH_POLL_INTERVAL,
-    free_port,
-    get_health,
-    new_api_key,
-    on_host,
-    wait_healthy,
-)
-from actorsys.fleet._port import held_listener, until_owned
-from actorsys.fleet._process import ManagedProcess, spawn
+from actorsys.fleet._loopback import HEALTH_POLL_INTERVAL, free_port, new_api_key, on_host
+from actorsys.fleet._process import ManagedProcess
 from actorsys.fleet.engine import Fleet
 from actorsys.fleet.errors import EngineUnauthorizedError, FleetStartError
 from actorsys.fleet.local_engine import LocalEngine
-from actorsys.fleet.specs import (
-    ROUTER_KEY_ENV,
-    VLLM_PYTHON,
-    EngineSpec,
-    embedded,
-    router_command,
-    serve_inherited,
-    vllm,
+from actorsys.fleet.local_start import (
+    log_directory,
+    start_engine,
+    start_router,
+    wait_started,
 )
+from actorsys.fleet.specs import VLLM_PYTHON, EngineSpec, embedded, serve_inherited, vllm
 from actorsys.runtime import RestartIntensity, ThreadTracker, run_blocking
 
 __all__ = [
@@ -148,14 +137,15 @@ class LocalFleet:
             )
         own_logs = log_dir is None
         local = cls(log_dir or "", grace, startup_timeout, max_restarts, restart_period)
-        local.log_dir = await local._in_thread(partial(_log_directory, log_dir),
+        local.log_dir = await local._in_thread(partial(log_directory, log_dir),
                                                "make the fleet's log directory")
         try:
             for index, spec in enumerate(specs):
-                local.engines.append(local._start_engine(f"{spec.kind}-{index}", spec))
+                local.engines.append(start_engine(f"{spec.kind}-{index}", spec,
+                                                  log_dir=local.log_dir, api_key=local.api_key,
+                                                  grace=grace))
             for engine in local.engines:
-                await local._wait_healthy(engine.process, engine.url,
-                                          proven=engine.listener is not None)
+                await local._wait_started(engine)
             if router:
                 await local._start_router()
             local.fleet = Fleet([e.client for e in local.engines], router_url=local.router_url)
@@ -189,49 +179,11 @@ class LocalFleet:
     def urls(self) -> list[str]:
         return [engine.url for engine in self.engines]
 
-    def _start_engine(
-        self, name: str, spec: EngineSpec, port: int | None = None,
-        listener: socket.socket | None = None,
-    ) -> LocalEngine:
-        """Start one engine. With ``spec.listen`` it serves ``listener`` (a new one, bound
-        here, if None); otherwise it binds ``port`` (a free one if None) itself."""
-        fds: list[int] = []
-        if spec.listen is not None:
-            listener = held_listener(port=port or 0) if listener is None else listener
-            port = int(listener.getsockname()[1])
-            command = spec.listen(spec.command(port), listener.fileno())
-            fds = [listener.fileno()]
-        else:
-            listener = None
-            port = free_port() if port is None else port
-            command = spec.command(port)
-        process = spawn(
-            name,
-            command,
-            log_path=self._log_path(f"{name}.log"),
-            env=spec.environment(self.api_key),
-            grace=self.grace,
-            pass_fds=fds,
-        )
-        url = f"http://127.0.0.1:{port}"
-        return LocalEngine(name, spec, port, process, spec.make_client(url, name, self.api_key),
-                           listener=listener)
-
-    def _log_path(self, name: str) -> str:
-        """``name`` in the log directory (``spawn`` opens it without following links)."""
-        return os.path.join(self.log_dir, name)
-
     async def _start_router(self) -> None:
-        port, metrics_port = free_port(), free_port()
-        self.router = spawn(
-            "router",
-            router_command(port, metrics_port, self.urls),
-            log_path=self._log_path("router.log"),
-            env={**os.environ, ROUTER_KEY_ENV: new_api_key()},
-            grace=self.grace,
-        )
-        self.router_url = f"http://127.0.0.1:{port}"
-        await self._wait_healthy(self.router, self.router_url, proven=False)
+        self.router, self.router_url = start_router(self.urls, log_dir=self.log_dir,
+                                                    grace=self.grace)
+        await wait_started(self.router, self.router_url, startup_timeout=self.startup_timeout,
+                           proven=False)
 
     async def restart(self, index: int, spec: EngineSpec | None = None) -> None:
         """Stop engine ``index`` (if it still runs) and start it again on the same port, with
@@ -255,9 +207,17 @@ class LocalFleet:
         if engine.listener is not None and engine.spec.listen is None:
             engine.listener.close()  # a spec that binds its own port replaced one that did not
             engine.listener = None
-        started = self._start_engine(engine.name, engine.spec, engine.port, engine.listener)
+        started = start_engine(engine.name, engine.spec, log_dir=self.log_dir,
+                               api_key=self.api_key, grace=self.grace, port=engine.port,
+                               listener=engine.listener)
         engine.process, engine.listener = started.process, started.listener
-        await self._wait_healthy(engine.process, engine.url, proven=engine.listener is not None)
+        await self._wait_started(engine)
+
+    async def _wait_started(self, engine: LocalEngine) -> None:
+        """Until ``engine`` is healthy (proven to hold its port unless it serves the socket
+        the fleet holds for it)."""
+        await wait_started(engine.process, engine.url, startup_timeout=self.startup_timeout,
+                           proven=engine.listener is not None)
 
     async def _watch_router(self, router: ManagedProcess) -> None:
         """When the router exits, send the fleet's requests to the engines themselves: the
@@ -314,29 +274,6 @@ class LocalFleet:
                     continue
                 engine.set_state("running")
 
-    async def _wait_healthy(self, process: ManagedProcess, url: str, *, proven: bool) -> None:
-        """Wait until ``process`` answers ``GET {url}/health`` with 200 (see
-        :func:`~actorsys.fleet._loopback.wait_healthy`). Unless ``proven`` (it serves a
-        socket the fleet bound), first until the listener on the URL's port is held by the
-        process's own group: nothing goes to a port another process took."""
-
-        async def fail(status: int | None) -> FleetStartError:
-            tail = await process.read_log_tail()
-            if status is None:
-                return FleetStartError(f"{process.name} was not healthy at {url} within "
-                                       f"{self.startup_timeout} s; log tail:\n{tail}")
-            return FleetStartError(f"{process.name} exited with status {status} before it was "
-                                   f"healthy; log tail:\n{tail}")
-
-        port = int(url.rpartition(":")[2])
-        await wait_healthy(
-            get_health(url, process.name),
-            deadline=trio.current_time() + self.startup_timeout,
-            fail=fail,
-            exited=lambda: process.returncode,
-            owned=None if proven else partial(until_owned, process, port),
-        )
-
     async def aclose(self) -> None:
         """Stop the router and every engine (SIGTERM, SIGKILL after ``grace``), in parallel.
         Shielded: returns within about ``grace`` seconds even when cancelled. Nothing is
@@ -352,11 +289,3 @@ class LocalFleet:
                 if engine.listener is not None:
                     engine.listener.close()
 
-
-
-def _log_directory(log_dir: str | None) -> str:
-    """``log_dir``, made if missing; a new temporary directory if None. Blocking."""
-    if log_dir is None:
-        return tempfile.mkdtemp(prefix="actorsys-fleet-")
-    os.makedirs(log_dir, exist_ok=True)
-    return log_dir

@@ -12,7 +12,7 @@ import torch
 
 from actorsys._errors import ActorsysError
 from actorsys.snapshot import _conversions
-from actorsys.snapshot._adapters import assemble
+from actorsys.snapshot._adapter_merge import assemble
 from actorsys.snapshot._kept import KeptBase
 from actorsys.snapshot._pool import BufferLease
 from actorsys.snapshot._state import Source, StatePlan, plan_state

@@ -19,10 +19,9 @@ from actorsys.snapshot._tensors import (
     Source,
     StatePlan,
     _check_entry,
-    _drop_tied_duplicates,
-    _tied_patterns,
     aligned,
     compiled_key,
+    drop_unsaved,
     tensor_nbytes,
 )
 
@@ -58,9 +57,7 @@ def plan_state(source: Source) -> StatePlan:
     for name, value in state.items():
         _check_entry(name, value)
     if model is not None:
-        for name in getattr(model, "_keys_to_ignore_on_save", None) or ():
-            state.pop(name, None)
-        _drop_tied_duplicates(state, lambda: _tied_patterns(model))
+        drop_unsaved(state, model)
     nbytes = sum(tensor_nbytes(t) for t in state.values())
     buffer_nbytes = sum(aligned(tensor_nbytes(t)) for t in state.values())
     on_cuda = any(t.device.type == "cuda" for t in state.values())

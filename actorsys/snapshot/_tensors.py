@@ -17,7 +17,7 @@ import torch
 from actorsys.snapshot._safetensors import DTYPE_NAMES
 
 if TYPE_CHECKING:
-    from actorsys.snapshot._adapters import AdapterPlan
+    from actorsys.snapshot._adapter_merge import AdapterPlan
 
 ALIGNMENT = 64
 """Byte alignment of every tensor inside a buffer set (any dtype can be viewed there)."""
@@ -94,6 +94,15 @@ def _tied_patterns(model: torch.nn.Module) -> list[str]:
         tied = getattr(submodule, "_tied_weights_keys", None) or ()
         patterns.extend(f"{prefix}.{key}" if prefix else key for key in tied)
     return patterns
+
+
+def drop_unsaved(entries: dict[str, torch.Tensor], model: torch.nn.Module) -> None:
+    """Remove from ``entries`` (checkpoint name -> tensor) what ``save_pretrained`` leaves out
+    of ``model``'s checkpoint: the keys it lists in ``_keys_to_ignore_on_save``, and its tied
+    duplicates (see :func:`_drop_tied_duplicates`)."""
+    for name in getattr(model, "_keys_to_ignore_on_save", None) or ():
+        entries.pop(name, None)
+    _drop_tied_duplicates(entries, lambda: _tied_patterns(model))
 
 
 def _drop_tied_duplicates(

@@ -5,9 +5,9 @@ submits them to an :class:`~actorsys.EvalSupervisor` as ``checkpoint_dir=`` sour
 deleted), one eval per fleet at a time, several fleets in parallel. Outcomes may settle out
 of order across fleets; they are written to the ledger and to ``metrics.jsonl`` in the order
 the checkpoints were submitted (step order), so the ledger's "done" only ever grows in step
-order. A supervisor accepts a step once, so a retry (or a second directory of the same step)
-waits for the next *generation*: a fresh supervisor on the same fleets, opened once the
-current one has nothing in flight.
+order (:mod:`~actorsys.watch.recorder`). A supervisor accepts a step once, so a retry (or a
+second directory of the same step) waits for the next *generation*: a fresh supervisor on the
+same fleets, opened once the current one has nothing in flight.
 
 Every file operation (scans, ledger, metrics, the lock) runs in a worker thread; a scan or a
 write stuck on a hung filesystem is abandoned when the watcher is cancelled or interrupted,
@@ -39,6 +39,7 @@ from actorsys.watch import policy
 from actorsys.watch.ledger import Ledger
 from actorsys.watch.lock import OutLock
 from actorsys.watch.policy import error_of
+from actorsys.watch.recorder import Recorder
 from actorsys.watch.scan import Checkpoint, Completion, Scanner
 from actorsys.watch.settings import (
     WATCH_OWNED_FIELDS,
@@ -62,6 +63,8 @@ log = logging.getLogger("actorsys.watch")
 
 T = TypeVar("T")
 FleetsFor = Callable[[Checkpoint], AbstractAsyncContextManager[Sequence[Fleet]]]
+
+
 class Watcher:
     """One watch service. ``run`` blocks until ``--once`` has processed the backlog, or until
     :meth:`interrupt`; cancelling ``run`` closes the supervisor within ``close_timeout``.
@@ -95,11 +98,12 @@ class Watcher:
         self._scan_limiter = trio.CapacityLimiter(1)
         self._out_limiter = trio.CapacityLimiter(1)
         self._ignored: set[str] = set()
-        self._order: list[Checkpoint] = []
-        self._settled: dict[int, Outcome] = {}
         self._changed = trio.Event()
-        self._wake_recorder = trio.Event()
-        self._recorded = trio.Event()
+        self.recorder = Recorder(
+            eval_key=eval_key, max_attempts=settings.max_attempts, ledger=lambda: self.ledger,
+            metrics=self.metrics, sink=self._sink, report=self.report, on_recorded=self._wake,
+            limiter=self._out_limiter, threads=self.threads,
+        )
         self._supervisor: EvalSupervisor | None = None
         self._cancel = trio.CancelScope()
 
@@ -116,7 +120,7 @@ class Watcher:
             with self._cancel:
                 await self._in_thread(self._out_limiter, self._open, "open the watch output")
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._record_settled)
+                    nursery.start_soon(self.recorder.run)
                     due = await self._first_due()
                     if due:
                         async with self.fleets_for(due[0]) as fleets:
@@ -135,8 +139,7 @@ class Watcher:
         with trio.move_on_after(self.settings.config.close_timeout):
             if self._supervisor is not None:
                 await self._supervisor.aclose(drain=False)
-            while self._order:
-                await self._recorded.wait()
+            await self.recorder.drained()
         self._cancel.cancel()
 
     def _open(self) -> None:
@@ -183,7 +186,7 @@ class Watcher:
             found = await self._scan()
         ledger, key, attempts = self.ledger, self.eval_key, self.settings.max_attempts
         return policy.due(
-            found, ignored=self._ignored, claimed={c.name for c in self._order},
+            found, ignored=self._ignored, claimed=self.recorder.claimed,
             unsettled=lambda c: ledger.due(c.name, c.fingerprint, key, attempts),
         )
 
@@ -226,7 +229,7 @@ class Watcher:
                 take, waiting = policy.this_generation(await self._due(), submitted)
                 for checkpoint in take:
                     submitted.add(checkpoint.step)
-                    self._order.append(checkpoint)
+                    self.recorder.claim(checkpoint)
                     self.started[checkpoint.step] = time.time()
                     log.info("evaluating %s (step %d)", checkpoint.name, checkpoint.step)
                     try:
@@ -240,7 +243,7 @@ class Watcher:
                             return False
                         raise
                 then = policy.after_submitting(
-                    in_flight=bool(self._order), waiting=waiting, once=self.settings.once
+                    in_flight=bool(self.recorder.order), waiting=waiting, once=self.settings.once
                 )
                 if then != "poll":
                     return then == "next_generation"
@@ -252,70 +255,10 @@ class Watcher:
 
     def settled(self, outcome: Outcome) -> None:
         """An outcome from the supervisor's sink call, on whichever thread makes it; never
-        blocks. The recorder task records it once every checkpoint submitted before it is."""
+        blocks. The recorder records it once every checkpoint submitted before it is."""
         if self._token is None:
             raise RuntimeError("outcomes are handed over only while run() runs")
-        self._token.run_sync_soon(self._take, outcome)
+        self._token.run_sync_soon(self.recorder.take, outcome)
 
-    def _take(self, outcome: Outcome) -> None:
-        self._settled[outcome.step] = outcome
-        self._wake_recorder.set()
-
-    async def _record_settled(self) -> None:
-        """Write settled outcomes to the ledger, ``metrics.jsonl`` and the sink, in
-        submission order, each in a worker thread. A checkpoint stays claimed (never
-        submitted again) until its outcome is written."""
-        while True:
-            await self._wake_recorder.wait()
-            self._wake_recorder = trio.Event()
-            while self._order and self._order[0].step in self._settled:
-                checkpoint = self._order[0]
-                await self._record(checkpoint, self._settled.pop(checkpoint.step))
-                self._order.pop(0)
-                self._recorded.set()
-                self._recorded = trio.Event()
-                self._changed.set()
-
-    async def _record(self, checkpoint: Checkpoint, outcome: Outcome) -> None:
-        """The ledger and ``metrics.jsonl`` in a worker thread, then the sink on the trio
-        thread, where the pipeline calls sinks too (a sink that raises is logged)."""
-        vanished = False
-        if policy.needs_presence_check(outcome.ok, outcome.reason):
-            vanished = not await self._in_thread(
-                self._out_limiter, partial(os.path.isdir, checkpoint.path),
-                f"look for {checkpoint.path}",
-            )
-        attempt = self.ledger.history(checkpoint.name, checkpoint.fingerprint, self.eval_key).attempts + 1
-        lines = self._ledger_lines(checkpoint, outcome, vanished=vanished)
-        watched = WatchedOutcome(
-            **{f.name: getattr(outcome, f.name) for f in dataclasses.fields(Outcome)},
-            checkpoint=checkpoint.name, fingerprint=checkpoint.fingerprint, attempt=attempt,
-            eval_key=self.eval_key,
-        )
-        await self._in_thread(
-            self._out_limiter, partial(self._write, lines, watched), f"record {checkpoint.name}"
-        )
-        self._sink.record(watched)
-
-    def _ledger_lines(self, checkpoint: Checkpoint, outcome: Outcome, *, vanished: bool) -> list[str]:
-        """The ledger entries ``outcome`` makes (noted in the ledger's memory); the report."""
-        ledger, key = self.ledger, self.eval_key
-        settlement = policy.settle(
-            outcome.ok, outcome.reason, vanished=vanished,
-            attempts=ledger.history(checkpoint.name, checkpoint.fingerprint, key).attempts,
-            max_attempts=self.settings.max_attempts, error=error_of(outcome),
-        )
-        if settlement.report is not None:
-            getattr(self.report, settlement.report).append(checkpoint.step)
-        if settlement.given_up is not None:
-            log.warning("%s %s; not retried", checkpoint.name, settlement.given_up)
-        return [
-            ledger.note(checkpoint.name, checkpoint.fingerprint, checkpoint.step, key, status,
-                        **fields)
-            for status, fields in settlement.entries
-        ]
-
-    def _write(self, lines: list[str], outcome: WatchedOutcome) -> None:
-        """Blocking: the ledger first (what a restart resumes from), then the row."""
-        self.ledger.write(lines)
-        self.metrics.record(outcome)
+    def _wake(self) -> None:
+        self._changed.set()

@@ -17,7 +17,7 @@ import pytest
 import trio
 import trio.testing
 
-from actorsys.fleet import local as local_module
+from actorsys.fleet import local_start
 from actorsys.fleet._port import held_listener, owns_port
 from actorsys.fleet.errors import EngineUnhealthyError
 from actorsys.fleet.external import ExternalServer
@@ -77,7 +77,7 @@ async def test_engines_serve_the_fleets_socket_and_a_restart_never_frees_the_por
     tiny: TinyModels, stand_in: StandIn, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The old way handed out a free port by number: give it the squatter's.
-    monkeypatch.setattr(local_module, "free_port", lambda: stand_in.port)
+    monkeypatch.setattr(local_start, "free_port", lambda: stand_in.port)
     async with LocalFleet.open([embedded(str(tiny.base))], startup_timeout=120.0) as local:
         engine = local.engines[0]
         assert engine.port != stand_in.port
@@ -103,7 +103,7 @@ async def test_engines_serve_the_fleets_socket_and_a_restart_never_frees_the_por
 async def test_a_router_whose_port_was_taken_gets_nothing_sent_and_the_fleet_fails_to_start(
     tiny: TinyModels, stand_in: StandIn, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(local_module, "free_port", lambda: stand_in.port)
+    monkeypatch.setattr(local_start, "free_port", lambda: stand_in.port)
     with pytest.raises(FleetStartError, match="router exited"):
         async with LocalFleet.open([embedded(str(tiny.base))], router=True,
                                    startup_timeout=120.0):
