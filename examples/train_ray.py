@@ -51,6 +51,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--eval-every", type=int, default=10, metavar="K")
     parser.add_argument("--engines", type=int, default=1, help="engine actors (default 1)")
     parser.add_argument("--num-cpus", type=float, default=2, help="CPUs of the local Ray cluster")
+    parser.add_argument("--ray-address", help="join the running Ray cluster at this address "
+                        "instead of starting a local one of --num-cpus CPUs")
     parser.add_argument("--workdir", help="where the base checkpoint and snapshots go")
     parser.add_argument("--results", help="write the outcomes and the close report here (JSON)")
     EvalConfig.add_arguments(parser)
@@ -205,8 +207,11 @@ async def train(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     transformers.utils.logging.disable_progress_bar()
-    ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False,
-             configure_logging=False, object_store_memory=80 * 1024 * 1024)
+    if args.ray_address:
+        ray.init(address=args.ray_address, log_to_driver=False, configure_logging=False)
+    else:
+        ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False,
+                 log_to_driver=False, configure_logging=False, object_store_memory=80 * 1024 * 1024)
     try:
         results = asyncio.run(train(args))
     finally:

@@ -14,6 +14,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from actorsys import EvalConfig, MemorySink  # noqa: E402
+from tests.fleet.ray_cluster import SharedCluster  # noqa: E402
 
 # One intra-op thread in the test process, as the engines it starts use (``engine --threads``
 # defaults to 1): on two cores, torch's OpenMP workers spin against the engines and the other
@@ -93,3 +94,25 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                     f"{item.nodeid} is marked {tier} but its file name lacks {tier!r}: the "
                     f"test command's workers would run it beside another {tier} test"
                 )
+
+
+_ray_cluster = SharedCluster()
+
+
+@pytest.fixture
+def ray_cluster() -> Any:
+    """The Ray tests' local cluster (``ray_cluster.LANE_NODES``), this process's driver
+    connected to it: started by the first test that asks for it and shared by the Ray tests
+    that follow it (the test command runs them in a row, see ``lane``), stopped after the
+    last of them. A test that removes a node adds one back."""
+    return _ray_cluster.get()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    if nextitem is None or lane(nextitem.nodeid) != "ray":
+        _ray_cluster.stop()
+
+
+def pytest_sessionfinish() -> None:
+    _ray_cluster.stop()

@@ -2,9 +2,11 @@
 a tiny Llama sharded with FSDP2's ``fully_shard``, trained a few steps, submitted to an
 ``EvalBridge`` on every rank.
 
-Each rank writes what it saw to ``<out>/rank<r>.json``; the evaluating rank also writes, for
-every submitted step, the reference: ``save_pretrained`` of the unsharded model holding the
-same weights (gathered only for the test, after the submit) into ``<out>/reference/<step>``.
+The job runs one case or several in turn (``tied,untied``: both models in the same ranks, each
+through its own bridge). Each rank writes what it saw in a case to ``<out>/<case>/rank<r>.json``;
+in the ``tied`` and ``untied`` cases the evaluating rank also writes, for every submitted step,
+the reference: ``save_pretrained`` of the unsharded model holding the same weights (gathered
+only for the test, after the submit) into ``<out>/<case>/reference/<step>``.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ class CountingEval(CheckpointEvalFn):
         return RolloutFnEvalOutput(data={"files": files}, metrics={"eval/files": float(len(files))})
 
 
-def tiny_sharded_llama(*, tied: bool, world: int) -> torch.nn.Module:
+def tiny_sharded_llama(*, tied: bool) -> torch.nn.Module:
     from torch.distributed.fsdp import fully_shard
     from transformers import AutoModelForCausalLM, LlamaConfig
 
@@ -78,14 +80,22 @@ def save_reference(model: torch.nn.Module, directory: str, *, tied: bool) -> Non
         plain.save_pretrained(directory, is_main_process=True)
 
 
-def run_rank(rank: int, world: int, init: str, out: str, case: str, steps: int) -> None:
+def run_rank(rank: int, world: int, init: str, out: str, cases: str, steps: int) -> None:
     timeout = datetime.timedelta(seconds=60)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world, timeout=timeout)
+    for case in cases.split(","):
+        run_case(rank, os.path.join(out, case), case, steps)
+    if not cases.startswith("kill"):
+        dist.destroy_process_group()  # with a peer dead, gloo would wait out its own timeout
+
+
+def run_case(rank: int, out: str, case: str, steps: int) -> None:
     from bridge import EvalBridge
 
+    os.makedirs(out, exist_ok=True)
     tied = case != "untied"
     record: dict[str, Any] = {"rank": rank, "submits": {}, "outcomes": [], "errors": []}
-    model = tiny_sharded_llama(tied=tied, world=world)
+    model = tiny_sharded_llama(tied=tied)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     collective_timeout = 4.0 if case.startswith("kill") else 60.0
     config = EvalConfig(
@@ -100,6 +110,10 @@ def run_rank(rank: int, world: int, init: str, out: str, case: str, steps: int) 
             os._exit(17)
 
         contribution.write_pieces = die  # type: ignore[assignment]
+    # Every rank opens its bridge at once: the ranks meet there within collective_timeout,
+    # which the kill cases keep short, and a rank slow to build its model on a busy machine
+    # would miss the meeting.
+    dist.barrier()
     started = time.monotonic()
     with EvalBridge(config, eval_fn=CountingEval(), sink=sink) as ev:
         ev.prepare(model=model)
@@ -119,10 +133,8 @@ def run_rank(rank: int, world: int, init: str, out: str, case: str, steps: int) 
     ]
     with open(os.path.join(out, f"rank{rank}.json"), "w", encoding="utf-8") as f:
         json.dump(record, f)
-    if not case.startswith("kill"):
-        dist.destroy_process_group()  # with a peer dead, gloo would wait out its own timeout
 
 
 if __name__ == "__main__":
-    rank_, world_, init_, out_, case_, steps_ = sys.argv[1:]
-    run_rank(int(rank_), int(world_), init_, out_, case_, int(steps_))
+    rank_, world_, init_, out_, cases_, steps_ = sys.argv[1:]
+    run_rank(int(rank_), int(world_), init_, out_, cases_, int(steps_))

@@ -1,5 +1,6 @@
 """The Ray trainer example end to end: 2 training workers each write their shard of every
-checkpoint, the Exporter publishes it, an engine actor serves it, the score is recorded."""
+checkpoint, the Exporter publishes it, an engine actor serves it, the score is recorded (on the
+Ray tests' local cluster, ``ray_cluster``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,11 +22,12 @@ SHARDS = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_ray_trainer_exports_shards_from_both_workers_and_evaluates_them_on_ray(
-    tmp_path: Path,
+    tmp_path: Path, ray_cluster: Any
 ) -> None:
     results = tmp_path / "results.json"
     run = subprocess.run(
         [sys.executable, str(EXAMPLE), "--steps", "20", "--eval-every", "10",
+         "--ray-address", ray_cluster.address,
          "--workdir", str(tmp_path), "--eval-keep-snapshots", "1", "--results", str(results)],
         capture_output=True, text=True, timeout=280,
     )

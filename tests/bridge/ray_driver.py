@@ -1,8 +1,9 @@
 """A Ray driver for the Ray test: an ``asyncio.run`` loop driving a training actor, blocking
 its own loop on a sync ``ray.get`` for the weights, and evaluating through AsyncEvalBridge.
 
-Usage: ``python ray_driver.py STAGING_DIR``; prints one JSON line: the outcomes, the close
-report, and the driver's loop type and event-loop policy before and after.
+Usage: ``python ray_driver.py STAGING_DIR RAY_ADDRESS`` (a running cluster's); prints one JSON
+line: the outcomes, the close report, and the driver's loop type and event-loop policy before
+and after.
 """
 
 from __future__ import annotations
@@ -70,9 +71,8 @@ async def drive(staging: str) -> dict[str, Any]:
             "close": dataclasses.asdict(report)}
 
 
-def main(staging: str) -> None:
-    ray.init(address="local", num_cpus=1, include_dashboard=False, object_store_memory=80 * 1024 * 1024,
-             log_to_driver=False, configure_logging=False)
+def main(staging: str, address: str) -> None:
+    ray.init(address=address, log_to_driver=False, configure_logging=False)
     try:
         policy = type(asyncio.get_event_loop_policy()).__qualname__
         before = asyncio.run(loop_type())
@@ -86,4 +86,4 @@ def main(staging: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2])

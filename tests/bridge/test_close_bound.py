@@ -12,7 +12,7 @@ from hangs import SCENARIOS
 from actorsys import EvalConfig
 from bridge import TRIO_THREAD, AsyncEvalBridge, EvalBridge
 
-T = 2.0
+T = 1.0
 # Room for a loaded machine: a hang the close did not cut would run far past it (the
 # tests time out); how close close() keeps to T is measured in bench/close_bound.py.
 SLACK = 3.0

@@ -1,5 +1,6 @@
 """A Ray driver (an asyncio loop that also blocks on ``ray.get``) evaluates through
-AsyncEvalBridge and exits cleanly. Needs the ``ray`` extra; starts a local Ray cluster."""
+AsyncEvalBridge and exits cleanly. Needs the ``ray`` extra; the driver joins the Ray tests'
+local cluster (``ray_cluster``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,11 +17,12 @@ pytest.importorskip("ray")
 DRIVER = Path(__file__).with_name("ray_driver.py")
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_a_ray_driver_evaluates_through_the_async_bridge(tmp_path: Path) -> None:
+def test_a_ray_driver_evaluates_through_the_async_bridge(tmp_path: Path, ray_cluster: Any) -> None:
     run = subprocess.run(
-        [sys.executable, str(DRIVER), str(tmp_path / "staging")],
+        [sys.executable, str(DRIVER), str(tmp_path / "staging"), ray_cluster.address],
         capture_output=True, text=True, timeout=230,
     )
     assert run.returncode == 0, run.stderr[-4000:]

@@ -9,10 +9,22 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 NODE_MEMORY = 80 * 1024 * 1024
+
+SLOT = "engine_slot"
+"""A custom resource each node of :data:`LANE_NODES` has one of: engines that ask for it are
+placed one per node, and one whose node is gone waits for a new node."""
+
+LANE_NODES: tuple[dict[str, Any], ...] = (
+    {"num_cpus": 2, "num_gpus": 2, "resources": {SLOT: 1}},
+    {"num_cpus": 2, "resources": {SLOT: 1}},
+    {"num_cpus": 2, "resources": {SLOT: 1}},
+)
+"""The Ray tests' cluster: head A (2 CPUs, 2 declared GPUs) and workers B and C (2 CPUs), one
+engine slot each."""
 
 
 @contextmanager
@@ -48,3 +60,24 @@ def local_cluster(*nodes: dict[str, Any]) -> Iterator[Any]:
 
 def add_node(cluster: Any, **node: Any) -> Any:
     return cluster.add_node(object_store_memory=NODE_MEMORY, **node)
+
+
+class SharedCluster:
+    """One :func:`local_cluster` of :data:`LANE_NODES` for consecutive tests: started by the
+    first :meth:`get`, stopped by :meth:`stop` (a cluster start is seconds of CPU)."""
+
+    def __init__(self) -> None:
+        self._stack: ExitStack | None = None
+        self._cluster: Any = None
+
+    def get(self) -> Any:
+        if self._stack is None:
+            with ExitStack() as stack:
+                self._cluster = stack.enter_context(local_cluster(*LANE_NODES))
+                self._stack = stack.pop_all()
+        return self._cluster
+
+    def stop(self) -> None:
+        stack, self._stack, self._cluster = self._stack, None, None
+        if stack is not None:
+            stack.close()

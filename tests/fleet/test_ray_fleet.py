@@ -1,14 +1,13 @@
-"""Engines as Ray actors on a local cluster (one per module, two CPUs): pinned and evaluated
-through EvalSupervisor, a killed actor restarted by Ray and pinned again, a hanging Ray
-task cut off at close, and an engine on the node's address that requires the fleet's key.
-Wall-clock bound: each test has a timeout."""
+"""Engines as Ray actors on the Ray tests' local cluster (``ray_cluster``): pinned and
+evaluated through EvalSupervisor on the node's address behind the fleet's key, a killed actor
+restarted by Ray and pinned again (one fleet of two engines for both), a hanging Ray task cut
+off at close, and an actor that cannot start. Wall-clock bound: each test has a timeout."""
 
 from __future__ import annotations
 
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,38 +26,14 @@ from actorsys import (  # noqa: E402
     RolloutFnEvalOutput,
 )
 from actorsys.fleet.local import FleetStartError  # noqa: E402
-from actorsys.fleet.ray import RayFleet, await_ref  # noqa: E402
+from actorsys.fleet.ray import ACTOR_ANSWER_TIMEOUT, RayFleet, await_ref  # noqa: E402
 from tests.fleet.conftest import TinyModels  # noqa: E402
 from tests.fleet.pipeline import assert_pinned, evaluate, pipeline  # noqa: E402
 from tests.models import PROMPTS  # noqa: E402
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("ray_cluster")]
 
 ENGINE = {"num_cpus": 0.5}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def cluster() -> Iterator[None]:
-    ray.init(
-        address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
-        object_store_memory=80 * 1024 * 1024,
-    )
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
-@pytest.mark.timeout(240)
-async def test_two_engine_actors_serve_exactly_the_pinned_snapshot(
-    tiny: TinyModels, tmp_path: Path
-) -> None:
-    async with RayFleet.open(tiny.base, num_engines=2, resources=ENGINE) as ray_fleet:
-        assert len(ray_fleet.actors) == 2
-        async with pipeline(tiny, tmp_path, ray_fleet.fleet) as (sup, sink):
-            for step in (1, 2):
-                assert_pinned(await evaluate(sup, sink, tiny, step), engines=2)
-        assert len(set(ray_fleet.fleet.urls)) == 2
 
 
 async def gone(pid: int) -> None:
@@ -81,38 +56,64 @@ async def answering(actor: Any) -> None:
             await trio.sleep(0.25)
 
 
-@pytest.mark.timeout(240)
-async def test_killed_engine_actor_skips_the_point_and_pins_again_once_ray_restarted_it(
+async def assert_keyed(ray_fleet: RayFleet, tiny: TinyModels, version: str) -> None:
+    """Each engine listens on its node's address, so it serves the fleet's key only: a load
+    without it is refused, and the fleet still answers at ``version``."""
+    assert ray_fleet.api_key and ray_fleet.fleet.api_key == ray_fleet.api_key
+    for url in ray_fleet.fleet.urls:
+        assert url.startswith(f"http://{ray.util.get_node_ip_address()}:")
+        async with httpx.AsyncClient(base_url=url, timeout=30.0) as client:
+            assert (await client.get("/health")).status_code == 200
+            load = {"model_path": str(tiny.step1), "weight_version": "evil"}
+            assert (await client.post("/update_weights_from_disk", json=load)).status_code == 401
+    answers = await ray_fleet.fleet.complete(PROMPTS, max_tokens=4)
+    assert {answer.weight_version for answer in answers} == {version}
+
+
+@pytest.mark.timeout(420)
+async def test_engine_actors_serve_the_pinned_snapshot_to_the_key_and_ray_restarts_a_killed_one(
     tiny: TinyModels, tmp_path: Path
 ) -> None:
+    """Two engine actors serve exactly the pinned snapshot, behind the fleet's key. A killed
+    actor skips the point, and is pinned again once Ray restarted it; so is one whose server
+    died (the server takes its actor with it)."""
     async with RayFleet.open(
-        tiny.base, num_engines=1, resources=ENGINE, max_restarts=2
+        tiny.base, num_engines=2, resources=ENGINE, max_restarts=2
     ) as ray_fleet:
-        actor = ray_fleet.actors[0]
+        assert len(ray_fleet.actors) == 2
+        actor, engine = ray_fleet.actors[0], ray_fleet.engines[0]
         async with pipeline(tiny, tmp_path, ray_fleet.fleet) as (sup, sink):
-            assert_pinned(await evaluate(sup, sink, tiny, 1), engines=1)
+            for step in (1, 2):
+                assert_pinned(await evaluate(sup, sink, tiny, step), engines=2)
+            assert len(set(ray_fleet.fleet.urls)) == 2
+            await assert_keyed(ray_fleet, tiny, "2")
+
             actor_pid, server_pid = await await_ref(actor.pids.remote())
             ray.kill(actor, no_restart=False)
             with trio.fail_after(30):
                 await gone(actor_pid)
                 await gone(server_pid)
-            skipped = await evaluate(sup, sink, tiny, 2)
+            # An actor that Ray is restarting holds the call for its URL until it is back:
+            # the pin waits a short while, never for the whole restart.
+            engine.answer_timeout = 2.0
+            skipped = await evaluate(sup, sink, tiny, 3)
             assert (skipped.status, skipped.reason) == ("skipped", "unhealthy")
+            engine.answer_timeout = ACTOR_ANSWER_TIMEOUT
             with trio.fail_after(120):
                 await answering(actor)
             restarted_pid, _ = await await_ref(actor.pids.remote())
             assert restarted_pid != actor_pid
             # The restarted server serves the base weights; the pin must load the snapshot.
-            assert await ray_fleet.engines[0].weight_version() != "3"
-            assert_pinned(await evaluate(sup, sink, tiny, 3), engines=1)
-            # A server that dies takes its actor with it, and Ray restarts both.
+            assert await engine.weight_version() != "4"
+            assert_pinned(await evaluate(sup, sink, tiny, 4), engines=2)
+
             _, server_pid = await await_ref(actor.pids.remote())
             os.kill(server_pid, signal.SIGKILL)
             with trio.fail_after(30):
                 await gone(restarted_pid)
             with trio.fail_after(120):
                 await answering(actor)
-            assert_pinned(await evaluate(sup, sink, tiny, 4), engines=1)
+            assert_pinned(await evaluate(sup, sink, tiny, 5), engines=2)
 
 
 @ray.remote(num_cpus=0.1)
@@ -157,21 +158,6 @@ async def test_close_is_bounded_when_a_ray_eval_task_hangs_and_the_task_is_cance
     assert [(o.step, o.reason) for o in sink.outcomes] == [(1, "closed")]
     with trio.fail_after(30), pytest.raises(ray.exceptions.TaskCancelledError):
         await await_ref(eval_fn.refs[0])
-
-
-@pytest.mark.timeout(240)
-async def test_a_ray_engine_on_the_node_address_requires_the_fleets_key(tiny: TinyModels) -> None:
-    async with RayFleet.open(tiny.base, num_engines=1, resources={"num_cpus": 0.5}) as ray_fleet:
-        assert ray_fleet.api_key and ray_fleet.fleet.api_key == ray_fleet.api_key
-        await ray_fleet.fleet.pin(str(tiny.step1), "1")
-        url = ray_fleet.fleet.urls[0]
-        assert url.startswith(f"http://{ray.util.get_node_ip_address()}:")
-        async with httpx.AsyncClient(base_url=url, timeout=30.0) as client:
-            assert (await client.get("/health")).status_code == 200
-            load = {"model_path": str(tiny.step2), "weight_version": "evil"}
-            assert (await client.post("/update_weights_from_disk", json=load)).status_code == 401
-        answers = await ray_fleet.fleet.complete(PROMPTS, max_tokens=4)
-        assert {answer.weight_version for answer in answers} == {"1"}
 
 
 @pytest.mark.timeout(120)

@@ -1,14 +1,13 @@
-"""RayFleet across the nodes of a local multi-node Ray cluster (three raylets on this
-machine, each with its own resources): engines spread one per node by the placement
-strategy the caller chooses; a node removed mid-run pins its engine ``unhealthy`` while the
-others keep scoring, and the engine Ray places on a new node is pinned at the next point;
-``RayFleet.from_args`` places one engine per ``--eval-num-gpus-per-engine`` GPUs declared.
-Wall-clock bound: each test has a timeout."""
+"""RayFleet across the nodes of the Ray tests' local multi-node cluster (``ray_cluster``:
+three raylets on this machine, each with its own resources): engines spread one per node by
+the placement strategy the caller chooses, each pinned; a node removed mid-run pins its
+engine ``unhealthy`` while the others keep scoring, and the engine Ray places on a new node is
+pinned at the next point; ``RayFleet.from_args`` places one engine per
+``--eval-num-gpus-per-engine`` GPUs declared. Wall-clock bound: each test has a timeout."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,23 +28,10 @@ from actorsys import (  # noqa: E402
 )
 from actorsys.fleet.ray import RayFleet, await_ref  # noqa: E402
 from tests.fleet.conftest import TinyModels  # noqa: E402
-from tests.fleet.ray_cluster import add_node, local_cluster  # noqa: E402
+from tests.fleet.ray_cluster import SLOT, add_node  # noqa: E402
 from tests.models import PROMPTS  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
-
-SLOT = "engine_slot"
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Any]:
-    """Head A (2 CPUs, 2 declared GPUs) and workers B and C (2 CPUs), one engine slot each."""
-    with local_cluster(
-        {"num_cpus": 2, "num_gpus": 2, "resources": {SLOT: 1}},
-        {"num_cpus": 2, "resources": {SLOT: 1}},
-        {"num_cpus": 2, "resources": {SLOT: 1}},
-    ) as running:
-        yield running
 
 
 class ServedBy(CheckpointEvalFn):
@@ -83,25 +69,28 @@ def alive_nodes() -> dict[str, Any]:
 
 
 @pytest.mark.timeout(300)
-async def test_spread_places_one_engine_per_node_and_every_engine_scores(
-    cluster: Any, tiny: TinyModels, tmp_path: Path
+async def test_spread_places_one_engine_per_node_and_every_engine_is_pinned(
+    ray_cluster: Any, tiny: TinyModels, tmp_path: Path
 ) -> None:
     resources = {"num_cpus": 1, "scheduling_strategy": "SPREAD"}
     async with RayFleet.open(tiny.base, num_engines=3, resources=resources) as ray_fleet:
         nodes = [await node_of(actor) for actor in ray_fleet.actors]
         assert len(set(nodes)) == 3 and set(nodes) <= set(alive_nodes())
-        fleets = [Fleet([engine]) for engine in ray_fleet.engines]
         sink = MemorySink()
-        async with supervisor(tiny, tmp_path, fleets, sink) as sup:
-            outcomes = [await point(sup, sink, tiny, step) for step in (1, 2, 3)]
-    assert [o.status for o in outcomes] == ["ok"] * 3
-    assert sorted(o.data["engines"][0] for o in outcomes) == [e.name for e in ray_fleet.engines]
+        async with supervisor(tiny, tmp_path, ray_fleet.fleet, sink) as sup:
+            outcome = await point(sup, sink, tiny, 1)
+            # The pin loaded the snapshot into every engine and read its version back.
+            versions = [await engine.weight_version() for engine in ray_fleet.engines]
+    assert outcome.status == "ok", (outcome.reason, outcome.data)
+    assert outcome.data["engines"] == [e.name for e in ray_fleet.engines]
+    assert versions == ["1"] * 3
 
 
 @pytest.mark.timeout(420)
 async def test_a_removed_node_pins_unhealthy_the_others_score_and_its_replacement_is_pinned(
-    cluster: Any, tiny: TinyModels, tmp_path: Path
+    ray_cluster: Any, tiny: TinyModels, tmp_path: Path
 ) -> None:
+    cluster = ray_cluster
     resources = {"num_cpus": 1, "resources": {SLOT: 1}, "scheduling_strategy": "SPREAD"}
     async with RayFleet.open(
         tiny.base, num_engines=3, resources=resources, max_restarts=1
@@ -146,24 +135,31 @@ def fleet_args(*argv: str) -> argparse.Namespace:
     return parser.parse_args(list(argv))
 
 
-async def visible_gpus(actor: Any) -> str:
-    _, server_pid = await await_ref(actor.pids.remote())
-    environ = Path(f"/proc/{server_pid}/environ").read_bytes().split(b"\0")
-    return next(v for v in environ if v.startswith(b"CUDA_VISIBLE_DEVICES=")).decode().split("=")[1]
+async def placed_gpus(ray_fleet: RayFleet) -> list[list[str]]:
+    """The GPUs each engine server sees (``CUDA_VISIBLE_DEVICES``, as Ray set it), sorted."""
+    placed = []
+    for actor in ray_fleet.actors:
+        _, server_pid = await await_ref(actor.pids.remote())
+        environ = Path(f"/proc/{server_pid}/environ").read_bytes().split(b"\0")
+        visible = next(v for v in environ if v.startswith(b"CUDA_VISIBLE_DEVICES="))
+        placed.append(sorted(visible.decode().split("=")[1].split(",")))
+    return sorted(placed)
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize(("per_engine", "expected"), [(1, [["0"], ["1"]]), (2, [["0", "1"]])])
 async def test_from_args_places_one_engine_per_g_declared_gpus_and_the_points_are_ok(
-    cluster: Any, tiny: TinyModels, tmp_path: Path, per_engine: int, expected: list[list[str]]
+    ray_cluster: Any, tiny: TinyModels, tmp_path: Path
 ) -> None:
-    args = fleet_args("--eval-num-gpus", "2", "--eval-num-gpus-per-engine", str(per_engine))
-    async with RayFleet.from_args(args, tiny.base) as ray_fleet:
-        gpus = sorted([sorted((await visible_gpus(a)).split(",")) for a in ray_fleet.actors])
-        assert gpus == expected
+    """Two declared GPUs: one engine of both, then two engines of one each (scored)."""
+    gpus = ("--eval-num-gpus", "2", "--eval-num-gpus-per-engine")
+    async with RayFleet.from_args(fleet_args(*gpus, "2"), tiny.base) as one:
+        assert await placed_gpus(one) == [["0", "1"]]
+        assert ray.available_resources().get("GPU", 0) == 0
+    async with RayFleet.from_args(fleet_args(*gpus, "1"), tiny.base) as two:
+        assert await placed_gpus(two) == [["0"], ["1"]]
         assert ray.available_resources().get("GPU", 0) == 0
         sink = MemorySink()
-        async with supervisor(tiny, tmp_path, ray_fleet.fleet, sink) as sup:
+        async with supervisor(tiny, tmp_path, two.fleet, sink) as sup:
             outcome = await point(sup, sink, tiny, 1)
     assert outcome.status == "ok", (outcome.reason, outcome.data)
     assert outcome.data["versions"] == ["1"]
