@@ -140,6 +140,24 @@ class UnsafePathError(ConfigError):
         self.path = path
 
 
+class DatasetError(ConfigError):
+    """A dataset file (or eval config) is unusable. ``path``, ``line`` (1-based, or None) and
+    ``key`` (the record key or setting at fault, or None) say where. A message longer than
+    :attr:`MAX_MESSAGE` characters is cut (it may quote bad input)."""
+
+    MAX_MESSAGE = 2000
+
+    def __init__(self, path: str, line: int | None, key: str | None, message: str) -> None:
+        if len(message) > self.MAX_MESSAGE:  # an excerpt of bad input, never all of it
+            message = f"{message[:self.MAX_MESSAGE]}... ({len(message)} characters)"
+        where = path if line is None else f"{path}, line {line}"
+        Exception.__init__(self, f"{where}: {message}" if key is None else f"{where}: {key}: {message}")
+        self.field = key or "path"
+        self.path = path
+        self.line = line
+        self.key = key
+
+
 class SubmitError(ActorsysError, ValueError):
     """A ``submit`` call was malformed (no source, two sources, a negative step...).
 

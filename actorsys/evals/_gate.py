@@ -27,15 +27,14 @@ It forwards with the engines' key, so it is a door another local user must not o
   cannot fill the gate. A kept-alive connection idle for :data:`IDLE_TIMEOUT` is closed.
 - Whatever a client sends wrong (a malformed head, a header value that is not ASCII, a body
   that stops) is answered 4xx on that connection; nothing a client sends ends the gate.
+
+What passes, judged on a request's head, is :mod:`actorsys.evals._gate_routes`; how a request
+is read and an answer written on the wire, :mod:`actorsys.evals._http_wire`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hmac
-import http
 import itertools
-import json
 import logging
 import secrets
 from collections import OrderedDict
@@ -48,37 +47,37 @@ import httpx
 import trio
 
 from actorsys._tls import ssl_context
+from actorsys.evals._gate_routes import (
+    GATE_ENDED,
+    MAX_BODY,
+    VERSION_HEADER,
+    forwarded_parts,
+    refusal,
+    token_ok,
+)
+from actorsys.evals._http_wire import (
+    closing_answer,
+    error_body,
+    read_body,
+    read_head,
+    send_closing,
+    send_json,
+)
 from actorsys.fleet.completions import CompletionError, StaleWeightsError
 
 log = logging.getLogger("actorsys.evals")
 
-VERSION_HEADER = "x-actorsys-weight-version"
-ROUTES = frozenset({
-    ("POST", "/v1/completions"),
-    ("POST", "/v1/chat/completions"),
-    ("GET", "/v1/models"),
-    ("GET", "/health"),
-})
-"""The (method, path) pairs the gate forwards; the path after the token must be exactly one
-of these (no query, no other spelling). ``/health`` changes nothing and needs no key."""
-FORWARDED_HEADERS = frozenset({"content-type", "accept", "user-agent", "x-request-id",
-                               VERSION_HEADER})
-"""The client headers passed on (the client's ``authorization`` too, when the gate has no key
-of its own; the version stamp is the gate's own when it pins one); every other header,
-hop-by-hop ones included, stays at the gate."""
 HEAD_TIMEOUT = 10.0
 """Seconds a new connection has to send its first request's head whole."""
 IDLE_TIMEOUT = 60.0
 """Seconds a connection may wait between requests, or within a body, before it is closed."""
 MAX_PENDING = 64
 """Connections kept at once that have not shown the token yet; a new one closes the oldest."""
-MAX_BODY = 16 * 1024 * 1024
-"""The largest request body forwarded (lm-eval's batches of prompts are far smaller); a larger
-one is refused (413) before it is read."""
 MAX_HEAD = 64 * 1024
 MAX_CONNECTIONS = 64
 """Open connections at once (lm-eval opens ``num_concurrent``); one more is answered 503 and
 closed at once."""
+_BUSY = closing_answer(503, error_body(f"over {MAX_CONNECTIONS} connections open"))
 
 
 @dataclass(frozen=True)
@@ -170,9 +169,12 @@ class RequestGate:
                 self._pending.popitem(last=False)[1].cancel()
             try:
                 pending.deadline = trio.current_time() + HEAD_TIMEOUT
-                request = await _read_head(connection, stream)
+                request = await read_head(connection, stream)
             except h11.RemoteProtocolError as exc:
-                await self._refuse_raw(stream, exc.error_status_hint, f"malformed request: {exc}")
+                self._refused += 1
+                answer = closing_answer(exc.error_status_hint,
+                                        error_body(f"malformed request: {exc}"[:200]))
+                await send_closing(stream, answer)
                 return
             except trio.BrokenResourceError:
                 return
@@ -183,14 +185,13 @@ class RequestGate:
             return
         if request is None:
             return
-        if not self._token_ok(request):
+        if not token_ok(request, self._token):
             self._refused += 1
-            await self._reply(connection, stream, 404, _error(
-                "no such gate (the evaluation it served has ended)"))
+            await send_json(connection, stream, 404, error_body(GATE_ENDED))
             return
         if self._connections >= MAX_CONNECTIONS:
             self._refused += 1
-            await _turn_away(stream)
+            await send_closing(stream, _BUSY, drain=MAX_HEAD)
             return
         self._connections += 1
         try:
@@ -213,104 +214,37 @@ class RequestGate:
             try:
                 with trio.move_on_after(IDLE_TIMEOUT) as idle:
                     if request is None:
-                        request = await _read_head(connection, stream)
+                        request = await read_head(connection, stream)
                         if request is None:
                             return
-                    refusal = self._refusal(request)
-                    body = b"" if refusal is not None else await _read_body(connection, stream)
+                    refused = refusal(request, self._token, ended=self.failure is not None)
+                    body = b"" if refused is not None else await read_body(connection, stream, limit=MAX_BODY)
             except h11.RemoteProtocolError as exc:
                 self._refused += 1
-                await self._reply(connection, stream, exc.error_status_hint,
-                                  _error(f"malformed request: {exc}"))
+                await send_json(connection, stream, exc.error_status_hint,
+                                error_body(f"malformed request: {exc}"))
                 return
             except trio.BrokenResourceError:
                 return
             if idle.cancelled_caught:
                 if request is not None:  # it stopped within its body
                     self._refused += 1
-                    await self._reply(connection, stream, 408, _error("request timed out"))
+                    await send_json(connection, stream, 408, error_body("request timed out"))
                 return
             assert request is not None
-            if refusal is not None:
+            if refused is not None:
                 self._refused += 1
-                status, content = refusal
+                status, content = refused
             else:
-                method, path, headers = self._parts(request)
+                method, path, headers = forwarded_parts(
+                    request, client_authorization=self._api_key is None)
                 status, content = await self._answer(client, method, path, headers, body)
             request = None
-            if not await self._reply(connection, stream, status, content):
+            if not await send_json(connection, stream, status, content):
                 return
             if connection.our_state is not h11.DONE or connection.their_state is not h11.DONE:
                 return
             connection.start_next_cycle()
-
-    async def _reply(
-        self, connection: h11.Connection, stream: trio.SocketStream, status: int, content: bytes
-    ) -> bool:
-        """Send one JSON answer; False when the connection cannot carry it (then it closes)."""
-        reply = h11.Response(
-            status_code=status,
-            headers=[("content-type", "application/json"), ("content-length", str(len(content)))],
-        )
-        try:
-            # One write for the whole answer: each write releases the GIL, and taking it back
-            # waits for the client's thread when that is busy (the OpenAI SDK in an eval fn's
-            # asyncio thread), about a millisecond a write.
-            await stream.send_all(
-                b"".join(
-                    connection.send(event)
-                    for event in (reply, h11.Data(data=content), h11.EndOfMessage())
-                )
-            )
-        except (h11.LocalProtocolError, trio.BrokenResourceError):
-            return False
-        return True
-
-    async def _refuse_raw(self, stream: trio.SocketStream, status: int, message: str) -> None:
-        """Answer ``status`` and close, for a head h11 could not parse."""
-        self._refused += 1
-        body = _error(message[:200])
-        phrase = http.HTTPStatus(status).phrase if status in http.HTTPStatus._value2member_map_ else ""
-        head = (f"HTTP/1.1 {status} {phrase}\r\ncontent-type: application/json\r\n"
-                f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode()
-        with contextlib.suppress(trio.BrokenResourceError), trio.move_on_after(1.0):
-            await stream.send_all(head + body)
-
-    def _token_ok(self, request: h11.Request) -> bool:
-        """Whether the target starts with ``/TOKEN/`` (compared in constant time)."""
-        parts = request.target.split(b"/", 2)
-        if len(parts) < 3 or parts[0] != b"":
-            return False
-        return hmac.compare_digest(parts[1], self._token.encode())
-
-    def _refusal(self, request: h11.Request) -> tuple[int, bytes] | None:
-        """Why ``request`` is refused on its head alone, or None."""
-        if not self._token_ok(request) or self.failure is not None:
-            return 404, _error("no such gate (the evaluation it served has ended)")
-        path = b"/" + request.target.split(b"/", 2)[2]
-        method = request.method
-        if (method.decode("latin-1"), path.decode("latin-1")) not in ROUTES:
-            routes = ", ".join(f"{m} {p}" for m, p in sorted(ROUTES))
-            known = any(path.decode("latin-1") == p for _, p in ROUTES)
-            return (405 if known else 404), _error(f"the gate forwards only {routes}")
-        for name, value in request.headers:
-            if not value.isascii():
-                return 400, _error(f"header {name.decode('latin-1')!r}: the value is not ASCII")
-            if name == b"content-length" and (not value.isdigit() or int(value) > MAX_BODY):
-                return 413, _error(f"request body over {MAX_BODY} bytes")
-        return None
-
-    def _parts(self, request: h11.Request) -> tuple[str, str, dict[str, str]]:
-        """Method, path after the token (one of :data:`ROUTES`) and the headers passed on."""
-        allowed = FORWARDED_HEADERS if self._api_key is not None else (
-            FORWARDED_HEADERS | {"authorization"})
-        headers = {
-            name.decode("ascii"): value.decode("ascii")
-            for name, value in request.headers
-            if name.decode("ascii", "replace") in allowed
-        }
-        path = "/" + request.target.split(b"/", 2)[2].decode("ascii")
-        return request.method.decode("ascii"), path, headers
 
     async def _answer(
         self,
@@ -331,7 +265,7 @@ class RequestGate:
             response = await client.request(method, url, content=body, headers=headers)
         except httpx.HTTPError as exc:
             self._upstream_errors += 1
-            return 502, _error(f"{upstream} did not answer: {exc!r}")
+            return 502, error_body(f"{upstream} did not answer: {exc!r}")
         if response.status_code >= 500:
             self._upstream_errors += 1
         stale = self._stale_version(response)
@@ -339,7 +273,7 @@ class RequestGate:
             self.failure = StaleWeightsError(upstream, self._forwarded - 1, *stale)
             if self._cancel_on_failure is not None:
                 self._cancel_on_failure.cancel()
-            return 502, _error(str(self.failure))
+            return 502, error_body(str(self.failure))
         return response.status_code, response.content
 
     def _stale_version(self, response: httpx.Response) -> tuple[str, str] | None:
@@ -353,57 +287,3 @@ class RequestGate:
         if version is None or str(version) == self.expected_version:
             return None
         return self.expected_version, str(version)
-
-
-async def _read_head(connection: h11.Connection, stream: trio.SocketStream) -> h11.Request | None:
-    """The next request's head; None when the client closed."""
-    while True:
-        event = connection.next_event()
-        if event is h11.NEED_DATA:
-            connection.receive_data(await stream.receive_some(65536))
-        elif isinstance(event, h11.Request):
-            return event
-        else:
-            return None
-
-
-async def _read_body(connection: h11.Connection, stream: trio.SocketStream) -> bytes:
-    """The body of the request whose head was read; raises ``RemoteProtocolError`` past
-    :data:`MAX_BODY` (a chunked body declares no size)."""
-    body = bytearray()
-    while True:
-        event = connection.next_event()
-        if event is h11.NEED_DATA:
-            connection.receive_data(await stream.receive_some(65536))
-        elif isinstance(event, h11.Data):
-            body += event.data
-            if len(body) > MAX_BODY:
-                raise h11.RemoteProtocolError("request body too large")
-        elif isinstance(event, h11.EndOfMessage):
-            return bytes(body)
-        else:
-            raise h11.RemoteProtocolError(f"unexpected {event!r} in a request body")
-
-
-async def _turn_away(stream: trio.SocketStream) -> None:
-    """Answer 503 without reading the request, then close. What the client sent meanwhile is
-    drained for a moment (at most 64 KiB, one second): closing on unread data would reset the
-    connection and lose the answer."""
-    with contextlib.suppress(trio.BrokenResourceError), trio.move_on_after(1.0):
-        await stream.send_all(_BUSY)
-        await stream.send_eof()
-        drained = 0
-        while drained < MAX_HEAD and (chunk := await stream.receive_some(MAX_HEAD)):
-            drained += len(chunk)
-
-
-def _error(message: str) -> bytes:
-    return json.dumps({"error": {"message": message}}).encode()
-
-
-_BUSY_BODY = _error(f"over {MAX_CONNECTIONS} connections open")
-_BUSY = (
-    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-    + f"content-length: {len(_BUSY_BODY)}\r\nconnection: close\r\n\r\n".encode()
-    + _BUSY_BODY
-)

@@ -26,28 +26,16 @@ file, the line and the key.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
-import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from actorsys._errors import ConfigError
-from actorsys.evals.grading import RM_TYPE, record_scorer
-from actorsys.evals.miles_rewards import dapo_label
-from actorsys.evals.scorers import (
-    Scorer,
-    base_scorer,
-    check_scorer,
-    choice_index,
-    needs_math,
-    parse_number,
-    scorer_name,
-)
-from actorsys.evals.scoring_pool import pickling_problem
-from actorsys.fleet.chat_template import check_messages, check_tools
+from actorsys._errors import DatasetError
+from actorsys.evals.dataset_checks import check_record, checked_settings
+from actorsys.evals.grading import record_scorer
+from actorsys.evals.scorers import Scorer, scorer_name
 
 CHAT_FIELDS = ("apply_chat_template", "chat_template_kwargs", "tool_key", "metadata_key",
                "top_k", "rm_url")
@@ -58,23 +46,10 @@ SAMPLING_FIELDS = ("input_key", "label_key", "n_samples", "max_tokens", "tempera
 """The settings of a dataset beyond its name and records (what ``defaults`` may set)."""
 
 
-MAX_MESSAGE = 2000
+MAX_MESSAGE = DatasetError.MAX_MESSAGE
 """The longest message a :class:`DatasetError` carries; longer ones are cut."""
 
-
-class DatasetError(ConfigError):
-    """A dataset file (or eval config) is unusable. ``path``, ``line`` (1-based, or None) and
-    ``key`` (the record key or setting at fault, or None) say where."""
-
-    def __init__(self, path: str, line: int | None, key: str | None, message: str) -> None:
-        if len(message) > MAX_MESSAGE:  # an excerpt of bad input, never all of it
-            message = f"{message[:MAX_MESSAGE]}... ({len(message)} characters)"
-        where = path if line is None else f"{path}, line {line}"
-        Exception.__init__(self, f"{where}: {message}" if key is None else f"{where}: {key}: {message}")
-        self.field = key or "path"
-        self.path = path
-        self.line = line
-        self.key = key
+__all__ = ["CHAT_FIELDS", "MAX_MESSAGE", "SAMPLING_FIELDS", "DatasetError", "EvalDataset"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,30 +94,8 @@ class EvalDataset:
 
     def __post_init__(self) -> None:
         where = self.path or f"dataset {self.name!r}"
-        if not isinstance(self.name, str) or not self.name or "/" in self.name:
-            raise DatasetError(where, None, "name", f"expected a non-empty name without '/', "
-                                                    f"got {self.name!r}")
-        for key in ("input_key", "label_key"):
-            if not isinstance(getattr(self, key), str) or not getattr(self, key):
-                raise DatasetError(where, None, key, f"expected a key name, got "
-                                                     f"{getattr(self, key)!r}")
-        _require_int(where, "n_samples", self.n_samples, minimum=1)
-        _require_int(where, "max_tokens", self.max_tokens, minimum=1)
-        if self.limit is not None:
-            _require_int(where, "limit", self.limit, minimum=1)
-        _require_number(where, "temperature", self.temperature, low=0.0, low_open=False)
-        _require_number(where, "top_p", self.top_p, low=0.0, low_open=True, high=1.0)
-        _require_number(where, "score_timeout", self.score_timeout, low=0.0, low_open=True)
-        object.__setattr__(self, "stop", _check_stop(where, self.stop))
-        try:
-            object.__setattr__(self, "scorer", check_scorer(self.scorer))
-        except ConfigError as exc:
-            raise DatasetError(where, None, "scorer", str(exc).removeprefix("scorer: ")) from None
-        problem = pickling_problem(self.scorer)
-        if problem is not None:
-            raise DatasetError(where, None, "scorer", problem)
-        self._check_chat_settings(where)
-        _need_scorer(where, None, "scorer", self.scorer, self.rm_url)
+        for key, value in checked_settings(self, where).items():
+            object.__setattr__(self, key, value)
         records = tuple(self.records)
         if self.limit is not None:
             records = records[: self.limit]
@@ -150,7 +103,7 @@ class EvalDataset:
             raise DatasetError(where, None, None, "has no records")
         lines = self._lines or tuple(range(1, len(records) + 1))
         for record, line in zip(records, lines, strict=False):
-            self._check_record(where, line if self.path else None, record)
+            check_record(self, where, line if self.path else None, record)
         object.__setattr__(self, "records", records)
 
     @classmethod
@@ -265,103 +218,6 @@ class EvalDataset:
         payload = json.dumps(settings, sort_keys=True, default=repr).encode()
         return hashlib.sha256(payload).hexdigest()
 
-    def _check_record(self, where: str, line: int | None, record: object) -> None:
-        if not isinstance(record, Mapping):
-            raise DatasetError(where, line, None, f"expected a JSON object, got {_kind(record)}")
-        for key, setting in ((self.input_key, "input_key"), (self.label_key, "label_key")):
-            if key not in record:
-                keys = ", ".join(map(str, record)) or "none"
-                raise DatasetError(
-                    where, line, key,
-                    f"missing from the record (its keys: {keys}); set {setting} to the key that "
-                    "holds it",
-                )
-        prompt = record[self.input_key]
-        if isinstance(prompt, list) and not self.apply_chat_template:
-            raise DatasetError(
-                where, line, self.input_key,
-                "a list of chat messages needs apply_chat_template (--apply-chat-template), "
-                "so that the snapshot's chat template renders it",
-            )
-        if isinstance(prompt, list):
-            problem = check_messages(prompt)
-            if problem is not None:
-                raise DatasetError(where, line, self.input_key, problem)
-        elif not isinstance(prompt, str) or not prompt:
-            raise DatasetError(
-                where, line, self.input_key,
-                f"expected a non-empty string or a list of chat messages, got {_kind(prompt)}",
-            )
-        if self.tool_key is not None and self.apply_chat_template:
-            problem = check_tools(record.get(self.tool_key))
-            if problem is not None:
-                raise DatasetError(where, line, self.tool_key, problem)
-        scorer = self.scorer
-        if self.metadata_key is not None:
-            metadata = record.get(self.metadata_key)
-            if metadata is not None and not isinstance(metadata, Mapping):
-                raise DatasetError(where, line, self.metadata_key,
-                                   f"expected an object (the record's metadata), got {_kind(metadata)}")
-            scorer = record_scorer(self.scorer, metadata)
-            if scorer is not self.scorer:
-                try:
-                    scorer = check_scorer(scorer, field=RM_TYPE)
-                except ConfigError as exc:
-                    raise DatasetError(where, line, f"{self.metadata_key}.{RM_TYPE}",
-                                       str(exc).removeprefix(f"{RM_TYPE}: ")) from None
-                _need_scorer(where, line, f"{self.metadata_key}.{RM_TYPE}", scorer, self.rm_url)
-        label = record[self.label_key]
-        name = base_scorer(scorer) if isinstance(scorer, str) else None
-        try:
-            if name == "numeric":
-                parse_number(label)
-            elif name == "choice":
-                choice_index(label)
-            elif name == "dapo":
-                dapo_label(label)
-        except ValueError as exc:
-            raise DatasetError(
-                where, line, self.label_key,
-                f"{label!r} cannot be scored {scorer!r}: {exc}",
-            ) from None
-
-    def _check_chat_settings(self, where: str) -> None:
-        if not isinstance(self.apply_chat_template, bool):
-            raise DatasetError(where, None, "apply_chat_template",
-                               f"expected true or false, got {self.apply_chat_template!r}")
-        kwargs = self.chat_template_kwargs
-        if kwargs is not None:
-            if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
-                raise DatasetError(where, None, "chat_template_kwargs",
-                                   f"expected an object of keyword arguments, got {kwargs!r}")
-            try:
-                json.dumps(dict(kwargs))
-            except (TypeError, ValueError) as exc:
-                raise DatasetError(where, None, "chat_template_kwargs",
-                                   f"expected JSON values: {exc}") from None
-            object.__setattr__(self, "chat_template_kwargs", dict(kwargs))
-        for key in ("tool_key", "metadata_key"):
-            value = getattr(self, key)
-            if value is not None and (not isinstance(value, str) or not value):
-                raise DatasetError(where, None, key, f"expected a key name, got {value!r}")
-        if self.top_k is not None:
-            _require_int(where, "top_k", self.top_k, minimum=-1)
-        url = self.rm_url
-        if url is not None and (not isinstance(url, str)
-                                or not url.startswith(("http://", "https://"))):
-            raise DatasetError(where, None, "rm_url", f"expected an http(s) URL, got {url!r}")
-
-
-def _need_scorer(where: str, line: int | None, key: str, scorer: Scorer,
-                 rm_url: str | None) -> None:
-    """What a scorer needs beyond its name: math-verify, a reward server."""
-    if needs_math(scorer) and importlib.util.find_spec("math_verify") is None:
-        raise DatasetError(where, line, key, f"the {scorer} scorer needs math-verify: "
-                                             "pip install 'actorsys[math]'")
-    if isinstance(scorer, str) and base_scorer(scorer) == "remote_rm" and not rm_url:
-        raise DatasetError(where, line, key, "remote_rm grades through a reward server: set "
-                                             "rm_url (--rm-url)")
-
 
 def _read_jsonl(path: str, limit: int | None) -> tuple[list[Any], list[int]]:
     records: list[Any] = []
@@ -385,42 +241,3 @@ def _read_jsonl(path: str, limit: int | None) -> tuple[list[Any], list[int]]:
     except (OSError, UnicodeDecodeError) as exc:
         raise DatasetError(path, None, None, f"cannot be read: {exc}") from None
     return records, lines
-
-
-def _kind(value: object) -> str:
-    if isinstance(value, str):
-        return "an empty string" if not value else "a string"
-    return {dict: "an object", list: "a list", type(None): "null", bool: "a boolean"}.get(
-        type(value), f"a {type(value).__name__}"
-    )
-
-
-def _require_int(where: str, key: str, value: object, *, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise DatasetError(where, None, key, f"expected an integer >= {minimum}, got {value!r}")
-
-
-def _require_number(
-    where: str, key: str, value: object, *, low: float, low_open: bool, high: float | None = None
-) -> None:
-    ok = (
-        not isinstance(value, bool)
-        and isinstance(value, int | float)
-        and math.isfinite(value)
-        and (value > low if low_open else value >= low)
-        and (high is None or value <= high)
-    )
-    if not ok:
-        bound = f"in ({low}, {high}]" if high is not None else f">= {low}"
-        raise DatasetError(where, None, key, f"expected a number {bound}, got {value!r}")
-
-
-def _check_stop(where: str, stop: object) -> tuple[str, ...] | None:
-    if stop is None:
-        return None
-    if isinstance(stop, str):
-        stop = (stop,)
-    if not isinstance(stop, Sequence) or not all(isinstance(s, str) and s for s in stop):
-        raise DatasetError(where, None, "stop", f"expected a list of non-empty strings, got "
-                                                f"{stop!r}")
-    return tuple(stop) or None

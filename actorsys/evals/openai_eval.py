@@ -29,6 +29,7 @@ from actorsys._errors import ConfigError
 from actorsys.contracts import CheckpointEvalFn, RolloutFnEvalInput, RolloutFnEvalOutput
 from actorsys.evals._door import FleetDoor
 from actorsys.runtime import AsyncioThread
+from actorsys.runtime.asyncio_thread import STOP_GRACE
 
 CLIENT_KEY = "actorsys-door"
 """The key the client sends: the door's URL token is its credential, and the door replaces
@@ -49,12 +50,19 @@ class OpenAIEvalFn(CheckpointEvalFn):
     runs on in its thread, but whatever it sends finds the door closed.
     ``statistics()["loops"]`` counts the loops of cut evaluations still running.
 
+    When the evaluation ends or is cut, its loop is shut down in its own thread, without
+    holding up the point: the task is cancelled and has ``shutdown_grace`` seconds to run its
+    clean-up (the client closes its connections); one that ignores the cancellation longer is
+    closed where it waits, and the loop closed after it, so nothing is left to run on a closed
+    loop when the task is collected.
+
     ``request_timeout`` (seconds per request) and ``max_retries`` are the client's; override
-    them as class attributes.
+    them, and ``shutdown_grace``, as class attributes.
     """
 
     request_timeout: ClassVar[float] = 600.0
     max_retries: ClassVar[int] = 2
+    shutdown_grace: ClassVar[float] = STOP_GRACE
 
     async def evaluate_with_client(
         self, client: Any, model: str, input: RolloutFnEvalInput  # noqa: A002
@@ -79,7 +87,7 @@ class OpenAIEvalFn(CheckpointEvalFn):
             try:
                 return await loop.run(self._with_client(url, model, input))
             finally:
-                loop.stop(timeout=0.0)
+                loop.stop(timeout=0.0, grace=self.shutdown_grace)  # never waits here
 
         return await door.run(work)
 

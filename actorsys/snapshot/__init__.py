@@ -20,6 +20,7 @@ from actorsys.snapshot._capture import (
     capture,
     capture_shards,
 )
+from actorsys.snapshot._lease import BufferLease
 from actorsys.snapshot._model_files import (
     CONFIG_NAME,
     DEFAULT_MAX_SHARD_SIZE,
@@ -29,7 +30,7 @@ from actorsys.snapshot._model_files import (
     copy_non_weight_files,
     fsync_tree,
 )
-from actorsys.snapshot._pool import BufferLease, BufferPool, PoolStatistics
+from actorsys.snapshot._pool import BufferPool, PoolStatistics
 from actorsys.snapshot._prepare import prepare_like_checkpoint, prepare_weights
 from actorsys.snapshot._sharded import write_pieces
 from actorsys.snapshot._state import Source, StatePlan, plan_state

@@ -14,7 +14,7 @@ from actorsys._errors import ActorsysError
 from actorsys.snapshot import _conversions
 from actorsys.snapshot._adapter_merge import assemble
 from actorsys.snapshot._kept import KeptBase
-from actorsys.snapshot._pool import BufferLease
+from actorsys.snapshot._lease import BufferLease
 from actorsys.snapshot._state import Source, StatePlan, plan_state
 from actorsys.snapshot._tensors import aligned, tensor_nbytes
 

@@ -74,7 +74,10 @@ class TwoTurns(OpenAIEvalFn):
 
 
 class NeverReturns(OpenAIEvalFn):
-    """Asks once, then never returns, even when cancelled (at step 1 only)."""
+    """Asks once, then never returns, even when cancelled (at step 1 only); closed one second
+    after its cut."""
+
+    shutdown_grace = 1.0
 
     def __init__(self) -> None:
         self.doors: list[str] = []
