@@ -13,7 +13,6 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from pathlib import Path
 
 import httpx
 
@@ -27,29 +26,24 @@ def engine_processes(
     argvs: Sequence[Sequence[str]],
     *,
     key: str | None = None,
-    env: dict[str, str] | None = None,
-    logs: Sequence[Path] | None = None,
 ) -> Iterator[list[str]]:
     """Serve one ``engine`` per entry of ``argvs`` (``--model`` and the rest; the socket is
-    bound here), all with the key ``key`` (from the environment ``env``, default this one's, as
-    the fleets hand it), started at once; yields their URLs. ``logs[i]``: where engine i's
-    output goes (default: nowhere). The wait is on real processes, so it polls the wall clock,
-    bounded by :data:`START_SECONDS` for all of them."""
-    env = {**(os.environ if env is None else env), "HF_HUB_OFFLINE": "1"}
+    bound here), all with the key ``key`` (from the environment, as the fleets hand it),
+    started at once; yields their URLs. The wait is on real processes, so it polls the wall
+    clock, bounded by :data:`START_SECONDS` for all of them."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     env.pop("ACTORSYS_API_KEY", None)
     if key is not None:
         env["ACTORSYS_API_KEY"] = key
     with ExitStack() as files:
         started: list[tuple[subprocess.Popen[bytes], str]] = []
         try:
-            for index, args in enumerate(argvs):
+            for args in argvs:
                 listener = files.enter_context(held_listener())
                 port = int(listener.getsockname()[1])
                 command = [sys.executable, "-m", "actorsys", "engine", *args,
                            "--port", str(port), "--listen-fd", str(listener.fileno())]
-                output = (subprocess.DEVNULL if logs is None
-                          else files.enter_context(logs[index].open("w")))
-                process = subprocess.Popen(command, env=env, stdout=output, stderr=output,
+                process = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL,
                                            pass_fds=[listener.fileno()])
                 started.append((process, f"http://127.0.0.1:{port}"))
             deadline = time.monotonic() + START_SECONDS
