@@ -1,5 +1,9 @@
-"""A real CPU engine process (``python -m actorsys engine``) on a free loopback port, for a
-test module to share: started, waited for until its ``/health`` answers, terminated after."""
+"""Real CPU engine processes (``python -m actorsys engine``) on loopback, for a test module to
+share: started, waited for until their ``/health`` answers, terminated after.
+
+Each serves a listening socket bound here first (``--listen-fd``, as :class:`LocalFleet`
+starts them): the kernel picks the port and it is held from the bind on, so two test workers
+starting engines at once never collide on one."""
 
 from __future__ import annotations
 
@@ -8,41 +12,77 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import httpx
 
-from actorsys.fleet.local import free_port
+from actorsys.fleet._port import held_listener
 
 START_SECONDS = 120.0
 
 
 @contextmanager
-def engine_process(args: Sequence[str], *, key: str | None = None) -> Iterator[str]:
-    """Serve ``engine`` with ``args`` (``--model`` and the rest; the port is chosen here) and
-    the key ``key`` (from the environment, as the fleets hand it); yields its URL. The wait is
-    on a real process, so it polls the wall clock, bounded by :data:`START_SECONDS`."""
-    port = free_port()
-    command = [sys.executable, "-m", "actorsys", "engine", *args, "--port", str(port)]
+def engine_processes(
+    argvs: Sequence[Sequence[str]],
+    *,
+    key: str | None = None,
+) -> Iterator[list[str]]:
+    """Serve one ``engine`` per entry of ``argvs`` (``--model`` and the rest; the socket is
+    bound here), all with the key ``key`` (from the environment, as the fleets hand it),
+    started at once; yields their URLs. The wait is on real processes, so it polls the wall
+    clock, bounded by :data:`START_SECONDS` for all of them."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     env.pop("ACTORSYS_API_KEY", None)
     if key is not None:
         env["ACTORSYS_API_KEY"] = key
-    process = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + START_SECONDS
-        with httpx.Client(timeout=5.0) as client:
-            while True:
-                assert process.poll() is None, "the engine exited at start"
-                assert time.monotonic() < deadline, f"the engine was not healthy in {START_SECONDS} s"
-                try:
-                    if client.get(f"{url}/health").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.1)
+    with ExitStack() as files:
+        started: list[tuple[subprocess.Popen[bytes], str]] = []
+        try:
+            for args in argvs:
+                listener = files.enter_context(held_listener())
+                port = int(listener.getsockname()[1])
+                command = [sys.executable, "-m", "actorsys", "engine", *args,
+                           "--port", str(port), "--listen-fd", str(listener.fileno())]
+                process = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL,
+                                           pass_fds=[listener.fileno()])
+                started.append((process, f"http://127.0.0.1:{port}"))
+            deadline = time.monotonic() + START_SECONDS
+            with httpx.Client(timeout=5.0) as client:
+                for process, url in started:
+                    _wait_healthy(client, process, url, deadline)
+            yield [url for _, url in started]
+        finally:
+            _stop([process for process, _ in started])
+
+
+@contextmanager
+def engine_process(args: Sequence[str], *, key: str | None = None) -> Iterator[str]:
+    """One engine of :func:`engine_processes`; yields its URL."""
+    with engine_processes([args], key=key) as (url,):
         yield url
-    finally:
+
+
+def _wait_healthy(
+    client: httpx.Client, process: subprocess.Popen[bytes], url: str, deadline: float
+) -> None:
+    while True:
+        assert process.poll() is None, "the engine exited at start"
+        assert time.monotonic() < deadline, f"the engine was not healthy in {START_SECONDS} s"
+        try:
+            if client.get(f"{url}/health").status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+
+
+def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM to all at once, then wait for each (SIGKILL past 30 s)."""
+    for process in processes:
         process.terminate()
-        process.wait(timeout=30)
+    for process in processes:
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -8,6 +8,8 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -18,7 +20,9 @@ import trio
 from actorsys import EvalConfig, EvalSkip, EvalSupervisor, MemorySink, RolloutFnEvalInput
 from actorsys.evals import DatasetEval, EvalDataset, ServerEvalFn
 from actorsys.evals.metrics import pass_at_k
-from actorsys.fleet.local import LocalFleet, embedded
+from actorsys.fleet import Fleet, SGLangEngine
+from actorsys.fleet.local import LocalFleet, embedded, new_api_key
+from tests.engine_process import engine_processes
 from tests.evals.conftest import Answers, process_tree, running
 from tests.fleet.conftest import TinyModels
 
@@ -52,6 +56,26 @@ def servers() -> set[int]:
     return found
 
 
+@dataclass(frozen=True)
+class Engines:
+    """Honest engines serving the base model, shared by the tests that need no fault of
+    their own: each pins them to what it evaluates."""
+
+    urls: list[str]
+    key: str
+
+    def fleet(self) -> Fleet:
+        return Fleet([SGLangEngine(url, name=f"shared-{i}", api_key=self.key)
+                      for i, url in enumerate(self.urls)])
+
+
+@pytest.fixture(scope="module")
+def engines(tiny: TinyModels) -> Iterator[Engines]:
+    key = new_api_key()
+    with engine_processes([["--model", str(tiny.base)]] * 2, key=key) as urls:
+        yield Engines(urls, key)
+
+
 class LogEvent(logging.Handler):
     """Sets ``event`` when actorsys logs a message containing ``text`` (e.g. a client that
     retries a request because the server is away)."""
@@ -80,18 +104,17 @@ class LogEvent(logging.Handler):
 
 @pytest.mark.timeout(240)
 async def test_dataset_eval_scores_each_snapshot_on_two_engines_and_pass_at_k_is_the_estimator(
-    tiny: TinyModels, answers: Answers, tmp_path: Path
+    tiny: TinyModels, answers: Answers, engines: Engines, tmp_path: Path
 ) -> None:
     greedy_set = answers.dataset(name="greedy")
     sampled = answers.dataset(name="sampled", n_samples=4, temperature=1.0)
     sink = MemorySink()
-    async with LocalFleet.open([embedded(str(tiny.base))] * 2) as local:
-        evaluation = DatasetEval([greedy_set, sampled], concurrency=4, request_timeout=30.0)
-        async with EvalSupervisor.open(config(tmp_path, tiny), eval_fn=evaluation,
-                                       fleet=local.fleet, sink=sink) as sup:
-            for step, snapshot in ((1, tiny.step1), (2, tiny.step2)):
-                await sup.submit(step, checkpoint_dir=snapshot)
-            assert (await sup.drain(timeout=180)).pending == []
+    evaluation = DatasetEval([greedy_set, sampled], concurrency=4, request_timeout=30.0)
+    async with EvalSupervisor.open(config(tmp_path, tiny), eval_fn=evaluation,
+                                   fleet=engines.fleet(), sink=sink) as sup:
+        for step, snapshot in ((1, tiny.step1), (2, tiny.step2)):
+            await sup.submit(step, checkpoint_dir=snapshot)
+        assert (await sup.drain(timeout=180)).pending == []
     for step, name in ((1, "step1"), (2, "step2")):
         outcome = sink.by_step()[step]
         assert outcome.status == "ok", (outcome.reason, outcome.data)
@@ -167,27 +190,26 @@ async def test_attached_server_that_labels_the_new_version_over_its_old_weights_
 
 @pytest.mark.timeout(240)
 async def test_a_reload_by_someone_else_during_the_evaluation_is_a_pin_violation(
-    tiny: TinyModels, answers: Answers
+    tiny: TinyModels, engines: Engines
 ) -> None:
-    async with LocalFleet.open([embedded(str(tiny.base))]) as local:
-        url, key, other = local.urls[0], local.api_key, str(tiny.step2)
+    url, key, other = engines.urls[0], engines.key, str(tiny.step2)
 
-        def meddling(answer: str, label: object, record: dict) -> float:
-            # Runs in a scoring worker process: it closes over plain strings only.
-            body = {"model_path": other, "weight_version": "someone-else",
-                    "abort_all_requests": False}
-            headers = {"Authorization": f"Bearer {key}"}  # a user who holds the key
-            httpx.post(f"{url}/update_weights_from_disk", json=body, headers=headers,
-                       timeout=60).raise_for_status()
-            return 1.0
+    def meddling(answer: str, label: object, record: dict) -> float:
+        # Runs in a scoring worker process: it closes over plain strings only.
+        body = {"model_path": other, "weight_version": "someone-else",
+                "abort_all_requests": False}
+        headers = {"Authorization": f"Bearer {key}"}  # a user who holds the key
+        httpx.post(f"{url}/update_weights_from_disk", json=body, headers=headers,
+                   timeout=60).raise_for_status()
+        return 1.0
 
-        records = ({"prompt": "one two three", "label": "x"},)
-        dataset = EvalDataset(name="d", records=records, max_tokens=4, scorer=meddling)
-        evaluation = ServerEvalFn(dataset, url=url, api_key=local.api_key, request_timeout=30.0)
-        with pytest.raises(EvalSkip) as caught:
-            await evaluation.evaluate_checkpoint(str(tiny.step1), point(1, tiny.step1))
-        assert caught.value.reason == "pin_violation", caught.value
-        assert "'someone-else'" in str(caught.value)
+    records = ({"prompt": "one two three", "label": "x"},)
+    dataset = EvalDataset(name="d", records=records, max_tokens=4, scorer=meddling)
+    evaluation = ServerEvalFn(dataset, url=url, api_key=key, request_timeout=30.0)
+    with pytest.raises(EvalSkip) as caught:
+        await evaluation.evaluate_checkpoint(str(tiny.step1), point(1, tiny.step1))
+    assert caught.value.reason == "pin_violation", caught.value
+    assert "'someone-else'" in str(caught.value)
 
 
 @pytest.mark.timeout(240)
