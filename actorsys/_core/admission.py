@@ -14,19 +14,18 @@ from dataclasses import dataclass
 
 import trio
 
-from actorsys import staging
+from actorsys._core.disk_room import DiskRoom
 from actorsys._core.flight import Flight
 from actorsys._core.point import Point, State
 from actorsys._core.submit import SubmitRequest, check_submit
 from actorsys._errors import SupervisorClosedError, SupervisorGaveUpError
 from actorsys.actors.retirer import Retirer
 from actorsys.config import EvalConfig
-from actorsys.runtime import ThreadTracker, run_blocking
+from actorsys.runtime import ThreadTracker
 from actorsys.snapshot import BufferLease, BufferPool, CapturedWeights, StatePlan
 
 log = logging.getLogger("actorsys")
 
-DISK_HEADROOM_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -60,8 +59,7 @@ class Admission:
         self.closing = False
         self.gave_up: Exception | None = None
         self._export_send = export_send
-        self._tracker = tracker
-        self._disk_limiter = trio.CapacityLimiter(1)
+        self.disk = None if staging_dir is None else DiskRoom(staging_dir, self._pending_bytes, tracker)
         self._steps: set[int] = set()
         self._reserved = 0
 
@@ -91,6 +89,7 @@ class Admission:
         if not admitted:
             return None
         reservation: Reservation | None = None
+        counted = 0
         try:
             if nbytes and not await self._disk_has_room(nbytes):
                 error = f"{nbytes} bytes do not fit on {self.staging_dir}"
@@ -98,6 +97,7 @@ class Admission:
             elif plan is None:
                 reservation = Reservation(point, nbytes)
             else:
+                counted = nbytes
                 buffers = await self._lease_buffers(point, plan)
                 if buffers is not None:
                     reservation = Reservation(point, nbytes, buffers, plan)
@@ -106,7 +106,7 @@ class Admission:
             raise
         finally:
             if reservation is None:
-                self._free_reserved()
+                self._free_reserved(counted)
         return reservation
 
     def launch(self, reservation: Reservation, weights: CapturedWeights | None) -> bool:
@@ -120,6 +120,7 @@ class Admission:
             elif reservation.buffers is not None:
                 reservation.buffers.give_back()
             self._settle_at_once(point, "closed" if self.gave_up is None else "crashed", None)
+            self._left(reservation.nbytes)
             return False
         point = point.but(weights=weights)
         self.flight.admit(point)
@@ -132,11 +133,16 @@ class Admission:
         self._steps.discard(reservation.point.step)
         if reservation.buffers is not None:
             reservation.buffers.give_back()
-        self._free_reserved()
+        self._free_reserved(reservation.nbytes)
 
-    def _free_reserved(self) -> None:
+    def _free_reserved(self, nbytes: int) -> None:
         self._reserved -= 1
+        self._left(nbytes)
         self.flight.wake()
+
+    def _left(self, nbytes: int) -> None:
+        if self.disk is not None and nbytes:
+            self.disk.left(nbytes)
 
     def _settle_at_once(self, point: Point, reason: str, error: str | None) -> None:
         """Refuse ``point``: it settles before this returns, so its outcome is in the sink
@@ -185,19 +191,14 @@ class Admission:
 
     async def _disk_has_room(self, nbytes: int) -> bool:
         """Whether ``nbytes`` more fit on the staging dir's file system, beside the exports
-        still to be written (``statvfs`` in a worker thread, waited for)."""
-        staging_dir = self.staging_dir
-        assert staging_dir is not None
-        free = await run_blocking(
-            lambda: staging.free_bytes(staging_dir),
-            abandon_on_cancel=False,
-            limiter=self._disk_limiter,
-            description=f"free space of {staging_dir}",
-            tracker=self._tracker,
-        )
-        pending = sum(
+        still to be written (:mod:`actorsys._core.disk_room`: an estimate, or ``statvfs`` in a
+        worker thread when it comes close)."""
+        assert self.disk is not None
+        return await self.disk.has_room(nbytes)
+
+    def _pending_bytes(self) -> int:
+        return sum(
             ticket.point.weights.nbytes
             for ticket in self.flight
             if ticket.state is State.EXPORT and ticket.point.weights is not None
         )
-        return free - pending - DISK_HEADROOM_BYTES >= nbytes

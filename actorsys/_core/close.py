@@ -70,6 +70,8 @@ class Closer:
             assert self._report is not None
             return self._report
         wiring.admission.closing = True
+        if wiring.admission.disk is not None:
+            wiring.admission.disk.stop()
         with trio.CancelScope(shield=True):
             deadline = trio.current_time() + budget
             report = self._report = await close(wiring, eval_fn, deadline, budget, drain)

@@ -107,7 +107,8 @@ def wire(
     pin_send, pin_recv = trio.open_memory_channel[Point](math.inf)
     eval_send, eval_recv = trio.open_memory_channel[Point](math.inf)
     retirer = Retirer(config, flight, sink, tracker)
-    exporter = Exporter(config, flight, retirer, staging_dir, tracker)
+    admission = Admission(config, flight, retirer, staging_dir, buffers, export_send, tracker)
+    exporter = Exporter(config, flight, retirer, staging_dir, tracker, disk=admission.disk)
     fleet_returns, idle_fleets = fleet_pool(fleets)
     probed = config.probe and any(
         isinstance(engine, ProbedEngine) for fleet in fleets if fleet for engine in fleet.engines
@@ -117,7 +118,6 @@ def wire(
     )
     invoker = EvalInvoker(eval_fn, tracker)
     runner = EvalRunner(config, flight, retirer, fleet_returns.clone(), invoker)
-    admission = Admission(config, flight, retirer, staging_dir, buffers, export_send, tracker)
 
     async def run_exporter() -> None:
         await exporter.run(export_recv.clone(), pin_send.clone())

@@ -19,6 +19,7 @@ from typing import TypeVar
 import trio
 
 from actorsys import staging
+from actorsys._core.disk_room import DiskRoom
 from actorsys._core.flight import Flight
 from actorsys._core.point import Point, Source, State
 from actorsys.actors.retirer import Retirer
@@ -46,20 +47,26 @@ class Exporter(SequentialStage):
         retirer: Retirer,
         staging_dir: str | None,
         tracker: ThreadTracker,
+        *,
+        disk: DiskRoom | None = None,
     ) -> None:
         super().__init__(flight, retirer)
         self.config = config
         self.staging_dir = staging_dir
         self.tracker = tracker
+        self.disk = disk
         self.write_limiter = trio.CapacityLimiter(config.max_in_flight)
         self.file_limiter = trio.CapacityLimiter(1)
         self._scratch: dict[int, str] = {}
 
     def leave(self, point: Point, *, done: bool) -> Point:
         """The weights are no longer needed; a tmp dir the export left goes with the point,
-        for the Retirer to delete."""
-        if point.weights is not None:
-            point.weights.release()
+        for the Retirer to delete. Its bytes no longer count as still to be written."""
+        weights = point.weights
+        if weights is not None:
+            if self.disk is not None and not weights.released:
+                self.disk.left(weights.nbytes)
+            weights.release()
         return point.but(weights=None, scratch=self._scratch.pop(point.step, point.scratch))
 
     async def work(self, point: Point) -> Result:

@@ -79,6 +79,10 @@ class CapturedWeights:
         self._readers = 0
         self._released = False
 
+    @property
+    def released(self) -> bool:
+        return self._released
+
     def release(self) -> None:
         """The point is done with these weights. Non-blocking, idempotent, any thread."""
         with self._lock:
