@@ -5,6 +5,7 @@ never in the trainer's process), and where a pin gets it from."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import os
 from dataclasses import dataclass, field
@@ -124,6 +125,7 @@ def compute_reference(path: str, prompts: list[list[int]] | None = None) -> Refe
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise ReferenceUnavailableError(f"the snapshot {path} has no config.json")
     import torch
+    from transformers import DynamicCache
     from transformers.utils import logging as hf_logging
 
     bars = hf_logging.is_progress_bar_enabled()
@@ -144,13 +146,17 @@ def compute_reference(path: str, prompts: list[list[int]] | None = None) -> Refe
         # Greedy with a KV cache, as the engines decode: each step a forward of one token,
         # not of the whole prefix again (which cost the reference five times the prefill's
         # work, competing with the engines for the host's CPUs while they load and answer).
-        out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
+        # The cache is ours and grows in place; transformers 5 names its argument ``cache``
+        # (``past_key_values`` is deprecated), older releases ``past_key_values``.
+        names = inspect.signature(model.forward).parameters
+        cache = {"cache" if "cache" in names else "past_key_values": DynamicCache(config=model.config)}
+        out = model(input_ids=ids, use_cache=True, logits_to_keep=1, **cache)
         for step in range(PROBE_TOKENS):
             logits = out.logits[:, -1, :]
             steps.append(logits.float())
             if step + 1 < PROBE_TOKENS:
                 out = model(input_ids=logits.argmax(-1, keepdim=True), use_cache=True,
-                            past_key_values=out.past_key_values, logits_to_keep=1)
+                            logits_to_keep=1, **cache)
         sequences = torch.tensor(prefill_sequences(prompts), dtype=torch.long)
         full = model(input_ids=sequences, use_cache=False).logits[:, :-1, :].float()
     half = model.dtype in (torch.bfloat16, torch.float16)
