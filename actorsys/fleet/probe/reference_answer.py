@@ -5,6 +5,7 @@ never in the trainer's process), and where a pin gets it from."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import os
 from dataclasses import dataclass, field
@@ -116,13 +117,15 @@ def reference_from_logits(
 def compute_reference(path: str, prompts: list[list[int]] | None = None) -> Reference:
     """What the snapshot at ``path`` answers to the probe (``prompts``, default: those of its
     vocabulary). Raises :class:`ReferenceUnavailableError` where there is no ``config.json``
-    or transformers cannot build the model. Blocking: maps the weights and runs
-    ``PROBE_TOKENS`` forward passes of a ``PROBE_PROMPTS`` batch in the snapshot's own
-    dtype, in the calling process: the pipeline calls it only in the reference worker
-    (:mod:`actorsys.fleet.reference`), never in the trainer's process."""
+    or transformers cannot build the model. Blocking: maps the weights and decodes
+    ``PROBE_TOKENS`` greedy tokens for a ``PROBE_PROMPTS`` batch (one prefill, then one
+    token a step over a KV cache), then one forward of the prefill probe's sequences, in the
+    snapshot's own dtype, in the calling process: the pipeline calls it only in the
+    reference worker (:mod:`actorsys.fleet.reference`), never in the trainer's process."""
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise ReferenceUnavailableError(f"the snapshot {path} has no config.json")
     import torch
+    from transformers import DynamicCache
     from transformers.utils import logging as hf_logging
 
     bars = hf_logging.is_progress_bar_enabled()
@@ -140,10 +143,20 @@ def compute_reference(path: str, prompts: list[list[int]] | None = None) -> Refe
     ids = torch.tensor(prompts, dtype=torch.long)
     steps = []
     with torch.inference_mode():
-        for _ in range(PROBE_TOKENS):
-            logits = model(input_ids=ids, use_cache=False, logits_to_keep=1).logits[:, -1, :]
+        # Greedy with a KV cache, as the engines decode: each step a forward of one token,
+        # not of the whole prefix again (which cost the reference five times the prefill's
+        # work, competing with the engines for the host's CPUs while they load and answer).
+        # The cache is ours and grows in place; transformers 5 names its argument ``cache``
+        # (``past_key_values`` is deprecated), older releases ``past_key_values``.
+        names = inspect.signature(model.forward).parameters
+        cache = {"cache" if "cache" in names else "past_key_values": DynamicCache(config=model.config)}
+        out = model(input_ids=ids, use_cache=True, logits_to_keep=1, **cache)
+        for step in range(PROBE_TOKENS):
+            logits = out.logits[:, -1, :]
             steps.append(logits.float())
-            ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], dim=1)
+            if step + 1 < PROBE_TOKENS:
+                out = model(input_ids=logits.argmax(-1, keepdim=True), use_cache=True,
+                            logits_to_keep=1, **cache)
         sequences = torch.tensor(prefill_sequences(prompts), dtype=torch.long)
         full = model(input_ids=sequences, use_cache=False).logits[:, :-1, :].float()
     half = model.dtype in (torch.bfloat16, torch.float16)
