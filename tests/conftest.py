@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 # Nothing is fetched from a hub in tests: models and datasets are made here. These are read
 # when huggingface_hub and datasets are imported, so they are set before anything imports them.
@@ -82,6 +83,15 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
             super()._assign_work_unit(node)
 
     return Lanes(config, log)  # type: ignore[arg-type]
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """The vLLM servers the vLLM lane's tests share (tests/fleet/vllm_server.py) stop once the
+    lane's last test has run, rather than holding their memory while this worker goes on with
+    other files until the session ends."""
+    shared = sys.modules.get("tests.fleet.vllm_server")
+    if shared is not None and (nextitem is None or lane(nextitem.nodeid) != "vllm"):
+        shared.SERVERS.stop_all()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
