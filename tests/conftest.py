@@ -86,12 +86,12 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
 
 
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
-    """The vLLM servers the vLLM lane's tests share (tests/fleet/vllm_server.py) stop once the
-    lane's last test has run, rather than holding their memory while this worker goes on with
-    other files until the session ends."""
+    """A vLLM server the vLLM lane's tests share (tests/fleet/vllm_server.py) stops as soon as
+    the next test does not ask for it, rather than holding its memory until the session ends
+    (the tests that share one are neighbours in the lane's order)."""
     shared = sys.modules.get("tests.fleet.vllm_server")
-    if shared is not None and (nextitem is None or lane(nextitem.nodeid) != "vllm"):
-        shared.SERVERS.stop_all()
+    if shared is not None:
+        shared.SERVERS.keep_only(getattr(nextitem, "fixturenames", ()))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -77,29 +77,30 @@ def moe(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
 @pytest.fixture(scope="session")
 def vllm_servers() -> Iterator[SharedServers]:
     """The vLLM servers the lane's tests share (tests/fleet/vllm_server.py); each starts at its
-    first use and stops when the lane ends or, at the latest, with the session."""
+    first use and stops after the last of consecutive tests that ask for it or, at the latest,
+    with the session."""
     from tests.fleet.vllm_server import SERVERS
 
     yield SERVERS
-    SERVERS.stop_all()
+    SERVERS.keep_only(())
 
 
 @pytest.fixture
 def tiny_vllm(vllm_servers: SharedServers, tiny: TinyModels) -> SharedVLLM:
     """A vLLM server, shared, started on ``tiny.base`` (untied; worker extension, key)."""
-    return vllm_servers.get(tiny.base)
+    return vllm_servers.get(tiny.base, "tiny_vllm")
 
 
 @pytest.fixture
 def tied_vllm(vllm_servers: SharedServers, tied: TinyModels) -> SharedVLLM:
     """A vLLM server, shared, started on ``tied.base`` (tied embeddings)."""
-    return vllm_servers.get(tied.base)
+    return vllm_servers.get(tied.base, "tied_vllm")
 
 
 @pytest.fixture
 def moe_vllm(vllm_servers: SharedServers, moe: TinyModels) -> SharedVLLM:
     """A vLLM server, shared, started on ``moe.base`` (the tiny Qwen3-MoE)."""
-    return vllm_servers.get(moe.base)
+    return vllm_servers.get(moe.base, "moe_vllm")
 
 
 def corrupt_copy(source: Path, target: Path) -> Path:

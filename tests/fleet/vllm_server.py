@@ -1,5 +1,5 @@
 """A real vLLM server that the tests of the vLLM lane share: started once, the first time a test
-asks for it, and stopped when the lane ends (tests/conftest.py), so that the tests that only
+asks for it, and stopped as soon as the next test does not (tests/conftest.py), so that the tests that only
 need "a vLLM serving snapshots of this model" do not each pay a start (~30 CPU seconds).
 
 It is started exactly as a local fleet starts one (:func:`actorsys.fleet.local.vllm`'s command
@@ -20,6 +20,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,24 +113,28 @@ def stop(server: SharedVLLM) -> None:
 
 
 class SharedServers:
-    """The lane's shared servers, one per model directory, started on first use."""
+    """The lane's shared servers, one per model directory, each started on first use by the
+    fixture named with it and stopped once the next test does not ask for that fixture."""
 
     def __init__(self) -> None:
-        self.running: dict[Path, SharedVLLM] = {}
+        self.running: dict[Path, tuple[str, SharedVLLM]] = {}
 
-    def get(self, model_dir: Path) -> SharedVLLM:
-        server = self.running.get(model_dir)
-        if server is not None and server.process.poll() is not None:
-            self.running.pop(model_dir)
-            stop(server)
-            server = None
-        if server is None:
-            server = self.running[model_dir] = start(model_dir)
+    def get(self, model_dir: Path, fixture: str) -> SharedVLLM:
+        if model_dir in self.running:
+            _, server = self.running[model_dir]
+            if server.process.poll() is None:
+                return server
+            stop(self.running.pop(model_dir)[1])
+        server = start(model_dir)
+        self.running[model_dir] = (fixture, server)
         return server
 
-    def stop_all(self) -> None:
-        while self.running:
-            stop(self.running.popitem()[1])
+    def keep_only(self, fixtures: Collection[str]) -> None:
+        """Stop every server whose fixture is not in ``fixtures``."""
+        for model_dir, (fixture, server) in list(self.running.items()):
+            if fixture not in fixtures:
+                del self.running[model_dir]
+                stop(server)
 
 
 SERVERS = SharedServers()
