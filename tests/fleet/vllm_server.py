@@ -20,6 +20,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import warnings
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,6 +125,9 @@ class SharedServers:
             _, server = self.running[model_dir]
             if server.process.poll() is None:
                 return server
+            tail = server.log.read_bytes()[-2000:].decode(errors="replace")
+            warnings.warn(f"the shared vLLM on {model_dir} exited ({server.process.returncode}); "
+                          f"starting another. Its log ends: {tail}", stacklevel=2)
             stop(self.running.pop(model_dir)[1])
         server = start(model_dir)
         self.running[model_dir] = (fixture, server)
