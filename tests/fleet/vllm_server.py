@@ -114,31 +114,32 @@ def stop(server: SharedVLLM) -> None:
 
 
 class SharedServers:
-    """The lane's shared servers, one per model directory, each started on first use by the
-    fixture named with it and stopped once the next test does not ask for that fixture."""
+    """The lane's shared servers, one per fixture that asks for one, each started on first use
+    and stopped once the next test does not ask for that fixture. Keyed by the fixture, not the
+    model's directory: ``tests/evals`` re-exports the tiny-model fixtures, so pytest builds the
+    same models (same seeds) once per directory, and the servers' tests pin snapshots before
+    they ask anything, so one server serves both copies."""
 
     def __init__(self) -> None:
-        self.running: dict[Path, tuple[str, SharedVLLM]] = {}
+        self.running: dict[str, SharedVLLM] = {}
 
     def get(self, model_dir: Path, fixture: str) -> SharedVLLM:
-        if model_dir in self.running:
-            _, server = self.running[model_dir]
+        server = self.running.get(fixture)
+        if server is not None:
             if server.process.poll() is None:
                 return server
             tail = server.log.read_bytes()[-2000:].decode(errors="replace")
-            warnings.warn(f"the shared vLLM on {model_dir} exited ({server.process.returncode}); "
-                          f"starting another. Its log ends: {tail}", stacklevel=2)
-            stop(self.running.pop(model_dir)[1])
-        server = start(model_dir)
-        self.running[model_dir] = (fixture, server)
+            warnings.warn(f"the shared vLLM on {server.model_dir} exited "
+                          f"({server.process.returncode}); starting another. Its log ends: {tail}",
+                          stacklevel=2)
+            stop(self.running.pop(fixture))
+        server = self.running[fixture] = start(model_dir)
         return server
 
     def keep_only(self, fixtures: Collection[str]) -> None:
         """Stop every server whose fixture is not in ``fixtures``."""
-        for model_dir, (fixture, server) in list(self.running.items()):
-            if fixture not in fixtures:
-                del self.running[model_dir]
-                stop(server)
+        for fixture in [f for f in self.running if f not in fixtures]:
+            stop(self.running.pop(fixture))
 
 
 SERVERS = SharedServers()
