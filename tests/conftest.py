@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 # Nothing is fetched from a hub in tests: models and datasets are made here. These are read
 # when huggingface_hub and datasets are imported, so they are set before anything imports them.
@@ -83,6 +84,15 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
             super()._assign_work_unit(node)
 
     return Lanes(config, log)  # type: ignore[arg-type]
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """A vLLM server the vLLM lane's tests share (tests/fleet/vllm_server.py) stops as soon as
+    the next test does not ask for it, rather than holding its memory until the session ends
+    (the tests that share one are neighbours in the lane's order)."""
+    shared = sys.modules.get("tests.fleet.vllm_server")
+    if shared is not None:
+        shared.SERVERS.keep_only(getattr(nextitem, "fixturenames", ()))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

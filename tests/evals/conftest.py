@@ -8,7 +8,13 @@ import psutil
 import pytest
 
 from actorsys.evals import EvalDataset
-from tests.fleet.conftest import TinyModels, tied, tiny  # noqa: F401 - the shared tiny-model fixtures
+from tests.fleet.conftest import (  # noqa: F401 - the shared tiny-model and vLLM fixtures
+    TinyModels,
+    tied,
+    tiny,
+    tiny_vllm,
+    vllm_servers,
+)
 from tests.models import PROMPTS, greedy
 
 MAX_TOKENS = 6

@@ -1,15 +1,23 @@
 from __future__ import annotations
 
+import errno
 import shutil
-from collections.abc import Callable
+import signal
+import socket
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
+import trio
 
 from tests.models import make_model, make_snapshot
+
+if TYPE_CHECKING:
+    from actorsys.fleet.local_engine import LocalEngine
+    from tests.fleet.vllm_server import SharedServers, SharedVLLM
 
 VLLM_PYTHON = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
 VLLM_TIER = [
@@ -66,6 +74,35 @@ def moe(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
     return TinyModels(root / "base", root / "step1", root / "step2", root / "other")
 
 
+@pytest.fixture(scope="session")
+def vllm_servers() -> Iterator[SharedServers]:
+    """The vLLM servers the lane's tests share (tests/fleet/vllm_server.py); each starts at its
+    first use and stops after the last of consecutive tests that ask for it or, at the latest,
+    with the session."""
+    from tests.fleet.vllm_server import SERVERS
+
+    yield SERVERS
+    SERVERS.keep_only(())
+
+
+@pytest.fixture
+def tiny_vllm(vllm_servers: SharedServers, tiny: TinyModels) -> SharedVLLM:
+    """A vLLM server, shared, started on ``tiny.base`` (untied; worker extension, key)."""
+    return vllm_servers.get(tiny.base, "tiny_vllm")
+
+
+@pytest.fixture
+def tied_vllm(vllm_servers: SharedServers, tied: TinyModels) -> SharedVLLM:
+    """A vLLM server, shared, started on ``tied.base`` (tied embeddings)."""
+    return vllm_servers.get(tied.base, "tied_vllm")
+
+
+@pytest.fixture
+def moe_vllm(vllm_servers: SharedServers, moe: TinyModels) -> SharedVLLM:
+    """A vLLM server, shared, started on ``moe.base`` (the tiny Qwen3-MoE)."""
+    return vllm_servers.get(moe.base, "moe_vllm")
+
+
 def corrupt_copy(source: Path, target: Path) -> Path:
     """A copy of ``source`` whose safetensors header is garbage (the data is intact)."""
     shutil.copytree(source, target)
@@ -74,6 +111,20 @@ def corrupt_copy(source: Path, target: Path) -> Path:
     data[8:40] = b"\x00not a json header, corrupted!!\x00"
     weights.write_bytes(bytes(data))
     return target
+
+
+async def kill_and_see_the_port_held(engine: LocalEngine, restart_seconds: float) -> None:
+    """SIGKILL a local fleet's ``engine`` (its whole process group); while the fleet restarts
+    it, its port cannot be bound by anyone else; return once it runs again."""
+    engine.process.signal_group(signal.SIGKILL)
+    await engine.process.wait()
+    with socket.socket() as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        with pytest.raises(OSError, match="in use") as taken:
+            squatter.bind(("127.0.0.1", engine.port))
+    assert taken.value.errno == errno.EADDRINUSE
+    with trio.fail_after(restart_seconds):
+        await engine.wait_state("running", restarts=1)
 
 
 Handler = Callable[[httpx.Request], Any]

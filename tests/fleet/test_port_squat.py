@@ -6,10 +6,8 @@ squatter: it answers every request 200 and records what it was sent."""
 
 from __future__ import annotations
 
-import errno
 import os
 import signal
-import socket
 import sys
 
 import httpx
@@ -23,7 +21,7 @@ from actorsys.fleet.errors import EngineUnhealthyError
 from actorsys.fleet.external import ExternalServer
 from actorsys.fleet.local import FleetStartError, LocalFleet, embedded
 from actorsys.fleet.sglang import SGLangEngine
-from tests.fleet.conftest import TinyModels
+from tests.fleet.conftest import TinyModels, kill_and_see_the_port_held
 
 
 class StandIn:
@@ -81,15 +79,7 @@ async def test_engines_serve_the_fleets_socket_and_a_restart_never_frees_the_por
     async with LocalFleet.open([embedded(str(tiny.base))], startup_timeout=120.0) as local:
         engine = local.engines[0]
         assert engine.port != stand_in.port
-        engine.process.signal_group(signal.SIGKILL)
-        await engine.process.wait()
-        with socket.socket() as squatter:
-            squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            with pytest.raises(OSError, match="in use") as taken:
-                squatter.bind(("127.0.0.1", engine.port))
-        assert taken.value.errno == errno.EADDRINUSE
-        with trio.fail_after(120):
-            await engine.wait_state("running", restarts=1)
+        await kill_and_see_the_port_held(engine, 120)
         await engine.client.health()
         async with httpx.AsyncClient(timeout=30.0) as client:
             keyed = await client.get(f"{engine.url}/v1/models",

@@ -1,7 +1,8 @@
 """The vLLM tier: a real vLLM server on the CPU, from its own venv (scripts/setup_vllm.sh),
 pinned through EvalSupervisor with VLLMEngine, for untied and tied embeddings and a tiny
-mixture-of-experts model, both ways (A to B and back). Skipped when .venv-vllm is missing. One
-server per test (~30-40 s to start, ~2 GB)."""
+mixture-of-experts model, both ways (A to B and back). Skipped when .venv-vllm is missing.
+The servers are the lane's shared ones (tests/fleet/vllm_server.py: one per model, started as
+a local fleet starts it); starting, keys and ports are tests/fleet/test_vllm_port.py's."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ from pathlib import Path
 import pytest
 import trio
 
-from actorsys.fleet.local import LocalFleet, vllm
 from actorsys.fleet.probe import WeightsMismatchError
-from tests.fleet.conftest import VLLM_PYTHON, VLLM_TIER, TinyModels, corrupt_copy
+from actorsys.fleet.vllm import RELOAD
+from tests.fleet.conftest import VLLM_TIER, TinyModels, corrupt_copy
 from tests.fleet.pipeline import MAX_TOKENS, assert_pinned, evaluate, pipeline
+from tests.fleet.vllm_server import SharedVLLM
 from tests.models import PROMPTS, make_snapshot
 
 pytestmark = VLLM_TIER
@@ -22,14 +24,13 @@ pytestmark = VLLM_TIER
 
 @pytest.mark.timeout(600)
 async def test_vllm_server_serves_exactly_each_snapshot_it_is_pinned_to(
-    tiny: TinyModels, tmp_path: Path
+    tiny: TinyModels, tiny_vllm: SharedVLLM, tmp_path: Path
 ) -> None:
     corrupt = corrupt_copy(tiny.step2, tmp_path / "corrupt")
-    spec = vllm(str(tiny.base), python=str(VLLM_PYTHON))
-    async with LocalFleet.open([spec], startup_timeout=400) as local:
-        engine = local.fleet.engines[0]
-        assert await engine.weight_version() == "default"
-        async with pipeline(tiny, tmp_path, local.fleet) as (sup, sink):
+    fleet = tiny_vllm.fleet()
+    engine = fleet.engines[0]
+    try:
+        async with pipeline(tiny, tmp_path, fleet) as (sup, sink):
             for step, snapshot in ((1, tiny.step1), (2, tiny.step2), (3, tiny.step1)):
                 outcome = await evaluate(sup, sink, tiny, step, checkpoint_dir=snapshot)
                 assert_pinned(outcome, engines=1, answers_carry_version=False)
@@ -37,17 +38,21 @@ async def test_vllm_server_serves_exactly_each_snapshot_it_is_pinned_to(
             assert (refused.status, refused.reason) == ("skipped", "ckpt_invalid")
             await engine.health()
             assert await engine.weight_version() == "3"
-            answers = await local.fleet.complete(PROMPTS, max_tokens=MAX_TOKENS)
+            answers = await fleet.complete(PROMPTS, max_tokens=MAX_TOKENS)
             assert [a.text for a in answers] == sink.by_step()[3].data["expected"]
+    finally:
+        await fleet.aclose()
 
 
 @pytest.mark.timeout(600)
-async def test_tied_model_on_a_launched_vllm_pins_exactly_both_ways_and_never_false_alarms(
-    tied: TinyModels, tmp_path: Path, caplog: pytest.LogCaptureFixture
+async def test_tied_model_on_vllm_pins_exactly_through_the_extension_and_is_a_pin_violation_under_its_own_reload(  # noqa: E501
+    tied: TinyModels, tied_vllm: SharedVLLM, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    spec = vllm(str(tied.base), python=str(VLLM_PYTHON))
-    async with LocalFleet.open([spec], startup_timeout=400) as local:
-        async with pipeline(tied, tmp_path, local.fleet) as (sup, sink):
+    extension, own = tied_vllm.fleet(), tied_vllm.fleet(reload_method=RELOAD)
+    try:
+        # Through the worker extension (as a local fleet's or ServerEvalFn's vLLM reloads):
+        # exact both ways, and twenty random snapshots never raise the probe's alarm.
+        async with pipeline(tied, tmp_path / "extension", extension) as (sup, sink):
             for step, snapshot in ((1, tied.step1), (2, tied.step2), (3, tied.step1)):
                 outcome = await evaluate(sup, sink, tied, step, checkpoint_dir=snapshot)
                 assert_pinned(outcome, engines=1, answers_carry_version=False)
@@ -57,17 +62,15 @@ async def test_tied_model_on_a_launched_vllm_pins_exactly_both_ways_and_never_fa
                 await trio.to_thread.run_sync(
                     lambda path=snapshot, s=seed: make_snapshot(tied.base, path, seed=500 + s)
                 )
-                await local.fleet.pin(str(snapshot), f"random-{seed}")
+                await extension.pin(str(snapshot), f"random-{seed}")
         assert not [r for r in caplog.records if "weight probe" in r.getMessage()]
 
-
-@pytest.mark.timeout(600)
-async def test_tied_model_on_a_user_launched_vllm_is_a_pin_violation_unless_served_exactly(
-    tied: TinyModels, tmp_path: Path
-) -> None:
-    spec = vllm(str(tied.base), python=str(VLLM_PYTHON), tied_reload=False)
-    async with LocalFleet.open([spec], startup_timeout=400) as local:
-        async with pipeline(tied, tmp_path, local.fleet) as (sup, sink):
+        # Through vLLM's own reload (a server started without the extension, as a user might
+        # start it, reloads so; tied_reload=False): the head's CPU kernel stays packed from the
+        # weights it was last built from, the base's here, so only the base is served exactly
+        # and every other snapshot is a pin violation, never a silently wrong score.
+        await extension.pin(str(tied.base), "base")
+        async with pipeline(tied, tmp_path / "own", own) as (sup, sink):
             sources = ((1, tied.step1), (2, tied.base), (3, tied.step2))
             for step, snapshot in sources:
                 await evaluate(sup, sink, tied, step, checkpoint_dir=snapshot)
@@ -79,19 +82,24 @@ async def test_tied_model_on_a_user_launched_vllm_is_a_pin_violation_unless_serv
         assert "does not serve its weights" in outcomes[1].data["error"]
         assert outcomes[2].ok
         with pytest.raises(WeightsMismatchError) as caught:
-            await local.fleet.pin(str(tied.step2), "4")
+            await own.pin(str(tied.step2), "4")
         assert caught.value.answer != caught.value.reference
+    finally:
+        await extension.aclose()
+        await own.aclose()
 
 
 @pytest.mark.timeout(600)
-async def test_moe_model_on_a_launched_vllm_pins_exactly_both_ways_and_as_a_module(
-    moe: TinyModels, tmp_path: Path
+async def test_moe_model_on_vllm_pins_exactly_both_ways_and_as_a_module(
+    moe: TinyModels, moe_vllm: SharedVLLM, tmp_path: Path
 ) -> None:
-    spec = vllm(str(moe.base), python=str(VLLM_PYTHON))
-    async with LocalFleet.open([spec], startup_timeout=400) as local:
-        async with pipeline(moe, tmp_path, local.fleet) as (sup, sink):
+    fleet = moe_vllm.fleet()
+    try:
+        async with pipeline(moe, tmp_path, fleet) as (sup, sink):
             for step, snapshot in ((1, moe.step1), (2, moe.step2), (3, moe.step1)):
                 outcome = await evaluate(sup, sink, moe, step, checkpoint_dir=snapshot)
                 assert_pinned(outcome, engines=1, answers_carry_version=False)
             assert_pinned(await evaluate(sup, sink, moe, 4), engines=1, answers_carry_version=False)
+    finally:
+        await fleet.aclose()
     assert sink.by_step()[1].data["texts"] != sink.by_step()[2].data["texts"]

@@ -8,6 +8,7 @@ import os
 
 from actorsys.evals import EvalDataset, ServerEvalFn
 from actorsys.fleet.local import vllm
+from actorsys.fleet.vllm import RELOAD, TIED_RELOAD
 from actorsys.fleet.vllm_launch import EXTENSION_FLAG, MIDDLEWARE_FLAG, vllm_command, vllm_launch
 from actorsys.fleet.vllm_worker import API_KEY_MIDDLEWARE, EXTENSION_CLASS, WORKER_DIR
 
@@ -35,6 +36,15 @@ def test_the_local_fleet_builds_its_vllm_command_with_it() -> None:
     spec = vllm("/models/base", python="/venv/bin/python")
     assert spec.command(8000) == vllm_launch(ARGV).argv
     assert spec.env == vllm_launch(ARGV).env
+
+
+def test_the_local_fleets_vllm_client_reloads_through_the_extension_it_was_started_with() -> None:
+    url = "http://127.0.0.1:8000"
+    tied = vllm("/models/base", python="/venv/bin/python").make_client(url, "e", "k")
+    plain = vllm("/models/base", python="/venv/bin/python", tied_reload=False)
+    assert getattr(tied, "reload_method", None) == TIED_RELOAD
+    assert getattr(plain.make_client(url, "e", "k"), "reload_method", None) == RELOAD
+    assert plain.command(8000) == vllm_launch(ARGV, tied_reload=False).argv
 
 
 def test_server_eval_fn_gives_a_launched_vllm_the_extension_unless_it_names_its_own() -> None:
