@@ -86,15 +86,6 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
     return Lanes(config, log)  # type: ignore[arg-type]
 
 
-def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
-    """A vLLM server the vLLM lane's tests share (tests/fleet/vllm_server.py) stops as soon as
-    the next test does not ask for it, rather than holding its memory until the session ends
-    (the tests that share one are neighbours in the lane's order)."""
-    shared = sys.modules.get("tests.fleet.vllm_server")
-    if shared is not None:
-        shared.SERVERS.keep_only(getattr(nextitem, "fixturenames", ()))
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test marked ``ray`` or ``vllm`` lives in a file that :func:`lane` puts in that lane."""
     for item in items:
@@ -120,6 +111,14 @@ def ray_cluster() -> Any:
 
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """What the lanes share stops as soon as the next test does not need it, rather than
+    holding its memory until the session ends: a vLLM server the vLLM lane's tests share
+    (tests/fleet/vllm_server.py) once the next test does not ask for it (the tests that share
+    one are neighbours in the lane's order), the Ray cluster once the next test is not in the
+    Ray lane."""
+    shared = sys.modules.get("tests.fleet.vllm_server")
+    if shared is not None:
+        shared.SERVERS.keep_only(getattr(nextitem, "fixturenames", ()))
     if nextitem is None or lane(nextitem.nodeid) != "ray":
         _ray_cluster.stop()
 
