@@ -62,8 +62,8 @@ One root, a flat set of precise meanings; each error carries its context as attr
     ├── BadRequest              (also a ValueError; fleet.embedded) a request the embedded
     │   │                         engine refuses, HTTP ``status`` 400; the message names the field
     │   └── BodyTooLarge          a body over the engine's limit, HTTP 413
-    ├── GenerationFailed        (also a RuntimeError; fleet.embedded.server) the model raised
-    │                           while generating a batch, HTTP 500
+    ├── GenerationFailed        (also a RuntimeError; fleet.embedded.batching) the model
+    │                           raised while generating a batch, HTTP 500
     └── WeightsReleasedError    (also a RuntimeError; snapshot) captured weights were read
                                 after their release
 

@@ -1,4 +1,6 @@
-"""The Engine protocol and Fleet: a set of inference engines pinned together to one version.
+"""Fleet: a set of inference engines pinned together to one version (the :class:`Engine`
+protocol they follow: :mod:`actorsys.fleet.engine_protocol`; the pin's steps:
+:mod:`actorsys.fleet.pinning`).
 
 Pinning is the heart of trusting a score: a fleet is pinned to ``version`` only when every
 engine was healthy, loaded the checkpoint, *reads back* that version, and (with the probe)
@@ -10,15 +12,14 @@ weights, by the probe.
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-import httpx
 import trio
 
 from actorsys._errors import ConfigError, ConfigTypeError
-from actorsys._tls import ssl_context
 from actorsys.fleet.completions import Completion, complete
+from actorsys.fleet.engine_protocol import Engine
 from actorsys.fleet.errors import (
     CheckpointRejectedError,
     EngineUnhealthyError,
@@ -26,17 +27,10 @@ from actorsys.fleet.errors import (
     PinViolationError,
     on_all,
 )
-from actorsys.fleet.probe import (
-    Answer,
-    ProbedEngine,
-    Reference,
-    ReferenceFailedError,
-    ReferenceSource,
-    WeightProbe,
-    judge,
-)
+from actorsys.fleet.pinning import pin_engines
+from actorsys.fleet.probe import ReferenceSource, WeightProbe
 from actorsys.fleet.reference import ReferenceWorker
-from actorsys.fleet.verdict import PinVerdict, ProbeCancelledError
+from actorsys.fleet.verdict import PinVerdict
 
 __all__ = [
     "CheckpointRejectedError",
@@ -47,33 +41,6 @@ __all__ = [
     "PinViolationError",
     "on_all",
 ]
-
-T = TypeVar("T")
-
-
-@runtime_checkable
-class Engine(Protocol):
-    """One inference engine (a vLLM or sglang server, a Ray actor, the embedded engine).
-
-    Every method may raise; the fleet turns that into a skip reason. None of them take a
-    timeout: the caller's cancel scope bounds them, and cancelling must not leave the engine
-    half-updated in a way a later ``load_weights`` cannot repair.
-    """
-
-    name: str
-
-    async def health(self) -> None:
-        """Return if the engine can serve; raise if not."""
-
-    async def load_weights(self, path: str, version: str) -> None:
-        """Load the checkpoint at ``path`` and label the loaded weights ``version``.
-
-        May raise a :class:`PinError` with its own reason (e.g.
-        :class:`CheckpointRejectedError`); any other exception makes the pin ``unhealthy``.
-        """
-
-    async def weight_version(self) -> str | None:
-        """The version label of the weights the engine serves now."""
 
 
 class Fleet:
@@ -263,128 +230,21 @@ class Fleet:
         task_status: trio.TaskStatus[PinVerdict] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         self.version = None
-        verdict = PinVerdict(version)
-        source = references if references is not None else self._references
-        probed = self._probe.probed(self.engines) if probe else []
-        prompts = await self._probe.prompts(path) if probed else None
-        reference: Reference | ReferenceFailedError | None = None
-        answers: list[Answer | None] | None = None
-        failure: PinError | None = None
-        started = False
 
-        async def compute(prompts: list[list[int]]) -> None:
-            nonlocal reference
-            reference = await self._probe.reference(source, path, prompts)
+        def pinned() -> None:
+            self.version = version
 
-        try:
-            async with trio.open_nursery() as nursery:
-                if prompts is not None:
-                    nursery.start_soon(compute, prompts)
-                try:
-                    answers = await self._load_and_read_back(
-                        path, version, retries, probed if prompts is not None else [], prompts
-                    )
-                    if self.router_url is not None:
-                        await self._probe_router()
-                except PinError as exc:
-                    failure = exc
-                    nursery.cancel_scope.cancel()
-                else:
-                    self.version = version
-                    started = True
-                    task_status.started(verdict)
-                    nursery.cancel_scope.deadline = deadline
-        except BaseException:
-            if started:
-                verdict.settle(self._cut_off(version))
-            raise
-        if failure is not None:
-            raise failure
-        if nursery.cancel_scope.cancelled_caught:
-            verdict.settle(self._cut_off(version))
-        if isinstance(reference, ReferenceFailedError):
-            verdict.settle(None, unverified=f"the snapshot's reference failed: {reference}")
-        elif reference is not None and answers is not None:
-            verdict.settle(judge(probed, answers, reference, version))
-        verdict.settle(None)
-
-    def _cut_off(self, version: str) -> ProbeCancelledError:
-        return ProbeCancelledError(
-            repr(self), f"the probe of version {version!r} was cut off before the snapshot's "
-            "reference was ready (the pin deadline, or the pin's owner stopped)"
+        await pin_engines(
+            self.engines,
+            path,
+            version,
+            owner=repr(self),
+            retries=retries,
+            weight_probe=self._probe,
+            probe=probe,
+            references=references if references is not None else self._references,
+            router_url=self.router_url,
+            pinned=pinned,
+            deadline=deadline,
+            task_status=task_status,
         )
-
-    async def _load_and_read_back(
-        self,
-        path: str,
-        version: str,
-        retries: int,
-        probed: Sequence[ProbedEngine] = (),
-        prompts: list[list[int]] | None = None,
-    ) -> list[Answer | None] | None:
-        """Health, load, version read-back (retried on a mismatch); the ``probed`` engines'
-        answers to ``prompts`` are asked at once with the read-back (both follow the load, so
-        both see the loaded weights) and returned where every version reads back (None
-        without ``prompts``). A version error wins over a probe error; a mismatch that is
-        retried discards the answers."""
-        await self._on_all(lambda engine: engine.health(), "failed its health check")
-        for attempt in range(retries + 1):
-            await self._on_all(
-                lambda engine: engine.load_weights(path, version), "refused the load"
-            )
-            asked: list[list[Answer | None] | PinError | None] = [None]
-            # An error raised in a nursery's body leaves it inside an ExceptionGroup: the
-            # read-back's PinError is kept and raised past the nursery, as itself.
-            unread: PinError | None = None
-            async with trio.open_nursery() as nursery:
-                if prompts is not None:
-                    nursery.start_soon(self._ask, probed, prompts, asked)
-                try:
-                    served = await self._on_all(
-                        lambda engine: engine.weight_version(),
-                        "could not report its weight version",
-                    )
-                except PinError as exc:
-                    unread = exc
-                    nursery.cancel_scope.cancel()
-                else:
-                    wrong = [
-                        (e, v) for e, v in zip(self.engines, served, strict=True) if v != version
-                    ]
-                    if wrong:
-                        nursery.cancel_scope.cancel()
-            if unread is not None:
-                raise unread
-            if not wrong:
-                answers = asked[0]
-                if isinstance(answers, PinError):
-                    raise answers
-                return answers
-            if attempt == retries:
-                engine, actual = wrong[0]
-                raise PinViolationError(engine.name, version, actual)
-        raise AssertionError("unreachable")
-
-    async def _ask(
-        self,
-        probed: Sequence[ProbedEngine],
-        prompts: list[list[int]],
-        into: list[list[Answer | None] | PinError | None],
-    ) -> None:
-        try:
-            into[0] = await self._probe.ask(probed, prompts)
-        except PinError as exc:
-            into[0] = exc
-
-    async def _on_all(self, call: Callable[[Engine], Awaitable[T]], failure: str) -> list[T]:
-        return await on_all(self.engines, call, failure)
-
-    async def _probe_router(self) -> None:
-        assert self.router_url is not None
-        try:
-            async with httpx.AsyncClient(timeout=10.0, verify=ssl_context()) as client:
-                response = await client.get(f"{self.router_url}/health")
-                response.raise_for_status()
-        except httpx.HTTPError as exc:
-            message = f"{self.router_url} is not serving: {exc!r}"
-            raise EngineUnhealthyError("router", message) from exc

@@ -5,8 +5,9 @@ Endpoints: ``/health``, ``/health_generate``, ``/update_weights_from_disk``, ``/
 ``/v1/completions`` and ``/v1/chat/completions`` (:mod:`actorsys.fleet.embedded.chat`).
 Requests that arrive together are generated in one batch; a weight load
 waits for the running batch, and no batch starts until the load is done (the engine pauses
-the way vLLM's ``/pause?mode=wait`` does), so every answer comes from one checkpoint and is
-stamped with its version (``meta_info.weight_version`` / ``metadata.weight_version``).
+the way vLLM's ``/pause?mode=wait`` does; :mod:`actorsys.fleet.embedded.batching`), so every
+answer comes from one checkpoint and is stamped with its version
+(``meta_info.weight_version`` / ``metadata.weight_version``).
 
 With an ``api_key`` every route but ``/health`` answers only requests that carry
 ``Authorization: Bearer KEY`` (401 otherwise): anyone else who can connect could swap the
@@ -25,10 +26,8 @@ Model work runs in a worker thread.
 from __future__ import annotations
 
 import logging
-import math
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import anyio
@@ -38,8 +37,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from actorsys._errors import ActorsysError
 from actorsys.fleet.checkpoint import CheckpointMismatchError
+from actorsys.fleet.embedded.batching import GenerationBatcher, GenerationFailed
 from actorsys.fleet.embedded.chat import ChatTemplates, chat_call, chat_response, openai_body
 from actorsys.fleet.embedded.logprobs import openai_logprobs
 from actorsys.fleet.embedded.model import (
@@ -65,22 +64,9 @@ PARSE_THREADS = 4
 T = TypeVar("T")
 
 
-class GenerationFailed(ActorsysError, RuntimeError):
-    """The model raised while generating a batch (answered as HTTP 500)."""
-
-
-@dataclass(eq=False)
-class _Job:
-    """A group of sequences answered together (one HTTP request), always in one batch."""
-
-    requests: list[GenerationRequest]
-    done: anyio.Event = field(default_factory=anyio.Event)
-    results: list[GenerationResult] = field(default_factory=list)
-    error: str | None = None
-
-
-class EmbeddedEngine:
-    """The serving state of one engine: the model host, its lock, the batch queue.
+class EmbeddedEngine(GenerationBatcher):
+    """The serving state of one engine: the batching of :class:`GenerationBatcher` (the model
+    host, its lock, the batch queue) and the HTTP face over it.
 
     ``run`` must be running (in a nursery) for generation to make progress.
     """
@@ -95,84 +81,16 @@ class EmbeddedEngine:
         api_key: str | None = None,
         max_body_bytes: int = MAX_BODY_BYTES,
     ) -> None:
-        self.host = host
-        self.max_batch = max_batch
+        super().__init__(host, max_batch=max_batch)
         self.require_complete = require_complete
         self.served_model_name = served_model_name or host.model_dir
         self.api_key = api_key
         self.max_body_bytes = max_body_bytes
-        self.lock = anyio.Lock()
-        self._send, self._receive = anyio.create_memory_object_stream[_Job](math.inf)
         # A few bodies are parsed at once, so that one huge prompt does not hold up the rest.
         # Encoding borrows the Rust tokenizer immutably (nothing here changes its truncation
         # or padding), so concurrent encodes are safe.
         self._parse_limiter = anyio.CapacityLimiter(PARSE_THREADS)
         self._chat_templates = ChatTemplates(host)
-
-    def close(self) -> None:
-        """Let ``run`` return once the queued jobs are done; no job can be queued after."""
-        self._send.close()
-
-    async def run(self) -> None:
-        """Take the queued jobs, as many as fit in ``max_batch`` sequences, and generate them
-        in one batch, until ``close``. Cancelling it stops generation (waiting requests never
-        end)."""
-        while True:
-            try:
-                jobs = [await self._receive.receive()]
-            except anyio.EndOfStream:
-                return
-            size = len(jobs[0].requests)
-            while size < self.max_batch:
-                try:
-                    job = self._receive.receive_nowait()
-                except anyio.WouldBlock:
-                    break
-                jobs.append(job)
-                size += len(job.requests)
-            await self._generate_jobs(jobs)
-
-    async def _generate_jobs(self, jobs: list[_Job]) -> None:
-        """Generate ``jobs`` in one batch and answer each; if the batch fails, generate each
-        job alone, so only the jobs that fail on their own get the error."""
-        batch = [request for job in jobs for request in job.requests]
-        try:
-            async with self.lock:
-                results = await anyio.to_thread.run_sync(self.host.generate, batch)
-        except Exception as exc:
-            if len(jobs) > 1:
-                log.warning("a batch of %d requests failed (%r); generating them one by one",
-                            len(jobs), exc)
-                for job in jobs:
-                    await self._generate_jobs([job])
-                return
-            log.exception("generation failed")
-            jobs[0].error = f"generation failed: {exc!r}"
-            jobs[0].done.set()
-            return
-        offset = 0
-        for job in jobs:
-            job.results = results[offset : offset + len(job.requests)]
-            offset += len(job.requests)
-            job.done.set()
-
-    async def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        """Queue ``requests`` as one group and wait for their results. Raises
-        :class:`GenerationFailed` if the model raised on their batch."""
-        job = _Job(list(requests))
-        self._send.send_nowait(job)
-        await job.done.wait()
-        if job.error is not None:
-            raise GenerationFailed(job.error)
-        return job.results
-
-    async def load(self, path: str, version: str | None, require_complete: bool) -> None:
-        """Swap in the weights at ``path`` once the running batch is done. Raises
-        :class:`CheckpointMismatchError` (the served weights are then unchanged)."""
-        async with self.lock:
-            await anyio.to_thread.run_sync(
-                lambda: self.host.load(path, version, require_complete=require_complete)
-            )
 
     def app(self) -> Starlette:
         routes = [

@@ -1,0 +1,115 @@
+"""The embedded engine's batching: requests that arrive together are generated in one batch on
+its :class:`ModelHost`, and a weight load waits for the running batch (no batch starts until the
+load is done), so every answer comes from one checkpoint. A batch that fails as a whole is
+generated again request by request, so one request the checks missed fails alone, never the
+requests batched with it. Model work runs in a worker thread; written on anyio.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import anyio
+
+from actorsys._errors import ActorsysError
+from actorsys.fleet.embedded.model import GenerationRequest, GenerationResult, ModelHost
+
+__all__ = ["GenerationBatcher", "GenerationFailed"]
+
+log = logging.getLogger("actorsys.engine")
+
+
+class GenerationFailed(ActorsysError, RuntimeError):
+    """The model raised while generating a batch (answered as HTTP 500)."""
+
+
+@dataclass(eq=False)
+class _Job:
+    """A group of sequences answered together (one HTTP request), always in one batch."""
+
+    requests: list[GenerationRequest]
+    done: anyio.Event = field(default_factory=anyio.Event)
+    results: list[GenerationResult] = field(default_factory=list)
+    error: str | None = None
+
+
+class GenerationBatcher:
+    """The model host, its lock and the batch queue of one engine.
+
+    ``run`` must be running (in a nursery) for generation to make progress.
+    """
+
+    def __init__(self, host: ModelHost, *, max_batch: int = 16) -> None:
+        self.host = host
+        self.max_batch = max_batch
+        self.lock = anyio.Lock()
+        self._send, self._receive = anyio.create_memory_object_stream[_Job](math.inf)
+
+    def close(self) -> None:
+        """Let ``run`` return once the queued jobs are done; no job can be queued after."""
+        self._send.close()
+
+    async def run(self) -> None:
+        """Take the queued jobs, as many as fit in ``max_batch`` sequences, and generate them
+        in one batch, until ``close``. Cancelling it stops generation (waiting requests never
+        end)."""
+        while True:
+            try:
+                jobs = [await self._receive.receive()]
+            except anyio.EndOfStream:
+                return
+            size = len(jobs[0].requests)
+            while size < self.max_batch:
+                try:
+                    job = self._receive.receive_nowait()
+                except anyio.WouldBlock:
+                    break
+                jobs.append(job)
+                size += len(job.requests)
+            await self._generate_jobs(jobs)
+
+    async def _generate_jobs(self, jobs: list[_Job]) -> None:
+        """Generate ``jobs`` in one batch and answer each; if the batch fails, generate each
+        job alone, so only the jobs that fail on their own get the error."""
+        batch = [request for job in jobs for request in job.requests]
+        try:
+            async with self.lock:
+                results = await anyio.to_thread.run_sync(self.host.generate, batch)
+        except Exception as exc:
+            if len(jobs) > 1:
+                log.warning("a batch of %d requests failed (%r); generating them one by one",
+                            len(jobs), exc)
+                for job in jobs:
+                    await self._generate_jobs([job])
+                return
+            log.exception("generation failed")
+            jobs[0].error = f"generation failed: {exc!r}"
+            jobs[0].done.set()
+            return
+        offset = 0
+        for job in jobs:
+            job.results = results[offset : offset + len(job.requests)]
+            offset += len(job.requests)
+            job.done.set()
+
+    async def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        """Queue ``requests`` as one group and wait for their results. Raises
+        :class:`GenerationFailed` if the model raised on their batch."""
+        job = _Job(list(requests))
+        self._send.send_nowait(job)
+        await job.done.wait()
+        if job.error is not None:
+            raise GenerationFailed(job.error)
+        return job.results
+
+    async def load(self, path: str, version: str | None, require_complete: bool) -> None:
+        """Swap in the weights at ``path`` once the running batch is done. Raises
+        :class:`~actorsys.fleet.checkpoint.CheckpointMismatchError` (the served weights are
+        then unchanged)."""
+        async with self.lock:
+            await anyio.to_thread.run_sync(
+                lambda: self.host.load(path, version, require_complete=require_complete)
+            )
