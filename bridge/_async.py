@@ -35,9 +35,9 @@ from actorsys.config import require_seconds
 from actorsys.outcome import CloseReport, DrainReport
 from actorsys.snapshot import PoolStatistics
 from actorsys.supervisor import SubmitArguments, SubmitRequest
+from bridge._base import BridgeBase
 from bridge._budgets import drains_on_exit
 from bridge._host_loop import on_host_loop
-from bridge._runtime import BridgeBase
 from bridge._sync import remaining
 
 

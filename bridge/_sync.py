@@ -25,8 +25,8 @@ from actorsys.config import require_seconds
 from actorsys.outcome import CloseReport, DrainReport
 from actorsys.snapshot import PoolStatistics
 from actorsys.supervisor import SubmitArguments, SubmitRequest
+from bridge._base import BridgeBase
 from bridge._budgets import drains_on_exit
-from bridge._runtime import BridgeBase
 
 
 def wait_any(

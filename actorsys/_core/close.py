@@ -15,6 +15,7 @@ from typing import Any
 
 import trio
 
+from actorsys._core.contribution import Contribution
 from actorsys._core.point import State
 from actorsys._core.wiring import Wiring
 from actorsys.actors.stage import within
@@ -77,6 +78,22 @@ class Closer:
             report = self._report = await close(wiring, eval_fn, deadline, budget, drain)
         self._done.set()
         return report
+
+    async def close_contributing(
+        self, wiring: Wiring, eval_fn: Any, contribution: Contribution, budget: float, drain: bool
+    ) -> CloseReport:
+        """A contributing rank: its shard writes get the budget but a reserve, then the
+        (idle) pipeline closes."""
+        deadline = trio.current_time() + budget
+        share = budget * (1 - CLOSE_RESERVE_FRACTION) if drain else 0.0
+        abandoned = await contribution.aclose(share)
+        rest = max(0.0, deadline - trio.current_time())
+        report = await self.close_once(wiring, eval_fn, rest, drain)
+        return CloseReport(
+            clean=report.clean and not abandoned,
+            abandoned=sorted({*report.abandoned, *abandoned}),
+            stuck_threads=report.stuck_threads,
+        )
 
 
 async def close(

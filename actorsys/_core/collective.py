@@ -27,9 +27,11 @@ rank can block another's training collectives, and every wait is bounded:
 
 The evaluating rank publishes from one messenger thread (a queue, never blocking the trainer
 or trio); the other waits run in worker threads. The messages' formats and checks are in
-:mod:`actorsys._core.collective_messages`, the admission answer across the ranks in
-:mod:`actorsys._core.collective_admission`, a contributor's side of its supervisor in
-:mod:`actorsys._core.contribution`.
+:mod:`actorsys._core.collective_messages`, the bounded waits on the store in
+:mod:`actorsys._core.collective_store`, the evaluating rank's handover of a step and its
+sink's settle notes in :mod:`actorsys._core.collective_handover`, the admission answer across
+the ranks in :mod:`actorsys._core.collective_admission`, a contributor's side of its supervisor
+in :mod:`actorsys._core.contribution`.
 """
 
 from __future__ import annotations
@@ -48,17 +50,17 @@ from typing import Any
 import torch
 
 from actorsys import staging
+from actorsys._core.collective_handover import SettleNotes, StoreHandover
 from actorsys._core.collective_messages import (
     Decision,
     PeerGoneError,
     checked_ready,
-    malformed,
     parse_decision,
     parse_json,
 )
+from actorsys._core.collective_store import own_client, wait_for
 from actorsys._errors import ConfigError
 from actorsys.config import EvalConfig
-from actorsys.outcome import Outcome
 from actorsys.sinks import Sink
 
 __all__ = ["Collective", "Decision", "PeerGoneError", "StoreHandover", "is_collective_job"]
@@ -66,8 +68,6 @@ __all__ = ["Collective", "Decision", "PeerGoneError", "StoreHandover", "is_colle
 log = logging.getLogger("actorsys")
 
 HEARTBEAT_SECONDS = 1.0
-POLL_FIRST_SECONDS = 0.0005
-POLL_MAX_SECONDS = 0.002
 CHECK_FILE_PREFIX = ".actorsys-ranks-"
 _opens = itertools.count()
 """The n-th collective supervisor a process opens meets the n-th of every other rank."""
@@ -207,10 +207,10 @@ class Collective:
 
     def observe(self, sink: Sink) -> Sink:
         """``sink``, and every outcome it records noted as settled for the other ranks."""
-        return _SettleNotes(sink, self)
+        return SettleNotes(sink, self)
 
     def _send_messages(self) -> None:
-        store = _own_client(self._store)
+        store = own_client(self._store)
         beat = 0
         next_beat = time.monotonic()
         while True:
@@ -256,125 +256,12 @@ class Collective:
 
     # -- waiting ---------------------------------------------------------------------------
 
-    def _wait_for(
-        self,
-        key: str,
-        what: str,
-        *,
-        alive: bool = False,
-        gone: str | None = None,
-        check: Callable[[], None] | None = None,
-        deadline: float | None = None,
-    ) -> Any:
-        """The value of ``key`` once set. With ``alive``, waits as long as the evaluating rank
-        beats; else at most ``collective_timeout`` (or until ``deadline``). None once ``gone``
-        is set. Polls (cheap round trips) with a short backoff, so an answer already there
-        costs no wait."""
-        try:
-            return self._poll(key, what, alive, gone, check, deadline)
-        except torch.distributed.DistError as exc:
-            raise PeerGoneError(f"the job's store did not answer while waiting for {what}: {exc}") from exc
-
-    def _poll(
-        self,
-        key: str,
-        what: str,
-        alive: bool,
-        gone: str | None,
-        check: Callable[[], None] | None,
-        deadline: float | None,
-    ) -> Any:
-        start = time.monotonic()
-        limit = start + self.timeout if deadline is None else deadline
-        pause = POLL_FIRST_SECONDS
-        last_beat: bytes | None = None
-        while True:
-            if self._store.check([key]):
-                value = self._store.get(key)
-                try:
-                    return value.decode()
-                except UnicodeDecodeError:
-                    raise malformed(key, value, "not UTF-8") from None
-            if gone is not None and self._store.check([gone]):
-                return None
-            if check is not None:
-                check()
-            now = time.monotonic()
-            if alive:
-                if self._store.check(["closed"]):
-                    raise PeerGoneError(f"the evaluating rank {self.eval_rank} closed its supervisor")
-                beat = self._store.get("beat") if self._store.check(["beat"]) else None
-                if beat != last_beat:
-                    last_beat, limit = beat, now + self.timeout
-            if now > limit:
-                raise PeerGoneError(f"waited {self.timeout:g} s for {what} (collective_timeout)")
-            time.sleep(pause)
-            pause = min(pause * 2, POLL_MAX_SECONDS)
+    def _wait_for(self, key: str, what: str, **how: Any) -> Any:
+        """:func:`~actorsys._core.collective_store.wait_for` on this job's store."""
+        return wait_for(self._store, key, what, timeout=self.timeout, eval_rank=self.eval_rank, **how)
 
 
 _HF_DIR_RULE = (
     ". hf_dir must be a path every rank sees: on one node any local path, across nodes a "
     "shared filesystem mounted at the same path"
 )
-
-
-def _own_client(store: Any) -> Any:
-    """A connection of its own for a thread that uses the store often (a TCPStore serialises
-    the calls of one client)."""
-    try:
-        return store.clone()
-    except Exception:
-        return store
-
-
-class StoreHandover:
-    """The evaluating rank's export of one step meeting the contributors (blocking calls,
-    from the export thread); the snapshot's ``Handover``."""
-
-    def __init__(self, collective: Collective, step: int) -> None:
-        self.collective = collective
-        self.step = step
-        self._since: float | None = None
-
-    def ready(self, directory: str, starts: dict[str, dict[str, int]]) -> None:
-        self._since = time.monotonic()
-        self.collective._store.set(
-            f"ready/{self.step}", json.dumps({"directory": directory, "starts": starts})
-        )
-
-    def wait_contributions(self, check: Callable[[], None]) -> None:
-        c = self.collective
-        deadline = time.monotonic() + c.timeout
-        for rank in range(c.world):
-            if rank == c.rank:
-                continue
-            key = f"done/{self.step}/{rank}"
-            what = f"rank {rank}'s shards of step {self.step}"
-            answer = c._wait_for(key, what, check=check, deadline=deadline)
-            c._store.delete_key(key)
-            if answer != "ok":
-                raise PeerGoneError(f"rank {rank} could not write its shards: {answer}")
-
-    def abandon(self, error: str) -> None:
-        if self._since is None:
-            try:
-                self.collective._store.set(f"ready/{self.step}", json.dumps(None))
-            except Exception:
-                log.warning("could not tell the other ranks that step %d failed", self.step)
-
-
-class _SettleNotes:
-    def __init__(self, sink: Sink, collective: Collective) -> None:
-        self._sink = sink
-        self._collective = collective
-
-    def record(self, outcome: Outcome) -> None:
-        try:
-            self._sink.record(outcome)
-        finally:
-            self._collective.settled(outcome.step)
-
-    def close(self) -> None:
-        close = getattr(self._sink, "close", None)
-        if callable(close):
-            close()

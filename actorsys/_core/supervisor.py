@@ -18,10 +18,10 @@ Nothing an evaluation does is raised here: it settles as an :class:`~actorsys.Ou
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from functools import partial
 from typing import Any, Unpack
 
 import torch
@@ -34,12 +34,13 @@ from actorsys._core.collective_admission import decide
 from actorsys._core.contribution import Contribution
 from actorsys._core.staging_claim import StagingClaim, open_staging
 from actorsys._core.submit import SubmitArguments, SubmitRequest
+from actorsys._core.supervisor_start import join_collective, release_claim, run_actors, warm_up
 from actorsys._core.wiring import Wiring, check_collaborators, wire
 from actorsys._errors import SupervisorClosedError
 from actorsys.config import EvalConfig
 from actorsys.fleet import Fleet
 from actorsys.outcome import CloseReport, DrainReport, SupervisorStatistics
-from actorsys.runtime import ThreadTracker, run_blocking
+from actorsys.runtime import ThreadTracker
 from actorsys.sinks import Sink
 from actorsys.snapshot import CapturedWeights, PoolStatistics, capture, prepare_weights
 
@@ -99,7 +100,7 @@ class EvalSupervisor:
         """
         sup = cls(config, eval_fn=eval_fn, fleet=fleet, sink=sink)
         tracker = ThreadTracker()
-        await sup._join_collective(tracker)
+        sup._collective, sup.sink = await join_collective(config, sup.sink, tracker)
         claim = None
         try:
             if config.staging_dir is not None:
@@ -110,90 +111,27 @@ class EvalSupervisor:
             if sup._collective is not None and sup._wiring is None:
                 sup._collective.close()
             if claim is not None:
-                with trio.CancelScope(shield=True):
-                    await run_blocking(
-                        claim.release,
-                        abandon_on_cancel=False,
-                        limiter=trio.CapacityLimiter(1),
-                        description="releasing the staging dir",
-                        tracker=tracker,
-                    )
+                await release_claim(claim, tracker)
 
     @property
     def _contributing(self) -> bool:
         """This rank only hands over its shards: another rank's supervisor evaluates."""
         return self._collective is not None and not self._collective.evaluating
 
-    @asynccontextmanager
-    async def _run(self, claim: StagingClaim | None, tracker: ThreadTracker) -> AsyncIterator[None]:
-        wiring = self._wire(claim, tracker)
-        body_error: BaseException | None = None
-        try:
-            async with trio.open_nursery() as nursery:
-                await nursery.start(wiring.actors.run)
-                if self._contribution is not None:
-                    nursery.start_soon(self._contribution.run)
-                else:
-                    nursery.start_soon(self._warm_up)
-                try:
-                    yield
-                except BaseException as exc:
-                    body_error = exc
-                    raise
-                finally:
-                    await self.aclose()
-        except BaseExceptionGroup as group:
-            # The actors never raise out of the nursery, so a lone error here is the caller's
-            # own, from the body of the `async with`: give it back to them as they raised it.
-            if body_error is not None and group.exceptions == (body_error,):
-                raise body_error from None
-            raise
-
-    async def _warm_up(self) -> None:
-        """Let the eval fn get ready for its first point, in the background: an eval fn that
-        scores in worker processes (``DatasetEval``, ``ServerEvalFn``) starts and warms them
-        (:mod:`actorsys.evals.scoring_pool`), so the first point pays no worker start. Its
-        optional ``async def _warm_up()`` runs in the supervisor's nursery; close cancels it
-        and never waits for it; it fails only with a log line."""
-        warm_up = getattr(self.eval_fn, "_warm_up", None)
-        if not inspect.iscoroutinefunction(warm_up):
-            return
-        with self._warming:
-            try:
-                await warm_up()
-            except Exception:
-                log.warning("the eval fn could not get ready ahead of the first point",
-                            exc_info=True)
-
-    def _wire(self, claim: StagingClaim | None, tracker: ThreadTracker) -> Wiring:
-        self._wiring = wire(
-            self.config,
-            eval_fn=self.eval_fn,
-            sink=self.sink,
-            fleets=self._fleets,
-            on_crash=self._on_crash,
-            on_give_up=self._on_give_up,
-            staging_dir=None if claim is None else claim.path,
+    def _run(
+        self, claim: StagingClaim | None, tracker: ThreadTracker
+    ) -> AbstractAsyncContextManager[None]:
+        staging_dir = None if claim is None else claim.path
+        wiring = self._wiring = wire(
+            self.config, eval_fn=self.eval_fn, sink=self.sink, fleets=self._fleets,
+            on_crash=self._on_crash, on_give_up=self._on_give_up, staging_dir=staging_dir,
             tracker=tracker,
         )
         if self._contributing:
             assert self._collective is not None
-            self._contribution = Contribution(
-                self._collective, self._wiring.buffers, self._wiring.tracker
-            )
-        return self._wiring
-
-    async def _join_collective(self, tracker: ThreadTracker) -> None:
-        """Meet the other ranks' supervisors, in a worker thread (bounded by
-        ``collective_timeout``), when this process is one rank of several."""
-        collective = await run_blocking(
-            lambda: Collective.join(self.config), abandon_on_cancel=True,
-            limiter=trio.CapacityLimiter(1), description="meeting the other ranks",
-            tracker=tracker,
-        )
-        if collective is not None and collective.evaluating:
-            self.sink = collective.observe(self.sink)
-        self._collective = collective
+            self._contribution = Contribution(self._collective, wiring.buffers, wiring.tracker)
+            return run_actors(wiring, self._contribution.run, self.aclose)
+        return run_actors(wiring, partial(warm_up, self.eval_fn, self._warming), self.aclose)
 
     def _running(self) -> Wiring:
         if self._wiring is None:
@@ -345,28 +283,13 @@ class EvalSupervisor:
             return CloseReport(clean=True, abandoned=[], stuck_threads=[])
         budget = self.config.close_timeout if timeout is None else timeout
         if self._contribution is not None:
-            return await self._close_contribution(self._contribution, budget, drain)
+            return await self._closer.close_contributing(
+                self._wiring, self.eval_fn, self._contribution, budget, drain
+            )
         report = await self._closer.close_once(self._wiring, self.eval_fn, budget, drain)
         if self._collective is not None:
             self._collective.close()
         return report
-
-    async def _close_contribution(
-        self, contribution: Contribution, budget: float, drain: bool
-    ) -> CloseReport:
-        """A contributing rank: its shard writes get the budget but a reserve, then the
-        (idle) pipeline closes."""
-        deadline = trio.current_time() + budget
-        share = budget * (1 - _close.CLOSE_RESERVE_FRACTION) if drain else 0.0
-        abandoned = await contribution.aclose(share)
-        rest = max(0.0, deadline - trio.current_time())
-        assert self._wiring is not None
-        report = await self._closer.close_once(self._wiring, self.eval_fn, rest, drain)
-        return CloseReport(
-            clean=report.clean and not abandoned,
-            abandoned=sorted({*report.abandoned, *abandoned}),
-            stuck_threads=report.stuck_threads,
-        )
 
     # -- introspection -----------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from actorsys.snapshot import _plans, _sharded
+from actorsys.snapshot import _plans, _sharded_plan
 from actorsys.snapshot._adapters import plan_adapters
 from actorsys.snapshot._forms import ModelForm, model_form
 from actorsys.snapshot._tensors import (
@@ -45,15 +45,15 @@ def plan_state(source: Source) -> StatePlan:
         if form is ModelForm.ADAPTERS:
             return plan_adapters(module)
         if form is ModelForm.SHARDED:
-            plan = _sharded.plan_sharded(module, {})
+            plan = _sharded_plan.plan_sharded(module, {})
             _plans.remember(module, plan, keep_vars=True, compiled=False)
             return plan
         model: torch.nn.Module | None = module
         state = {compiled_key(name): t for name, t in module.state_dict().items()}
     else:
         model, state = None, dict(source)
-        if any(isinstance(t, _sharded.DTensor) for t in state.values()):
-            return _sharded.plan_sharded(None, state)
+        if any(isinstance(t, _sharded_plan.DTensor) for t in state.values()):
+            return _sharded_plan.plan_sharded(None, state)
     for name, value in state.items():
         _check_entry(name, value)
     if model is not None:
