@@ -7,6 +7,7 @@ bash scripts/setup.sh
 bash scripts/setup_vllm.sh
 .venv/bin/ruff check actorsys bridge tests examples bench
 .venv/bin/mypy
-# Two workers; each test file runs whole on one of them, and the files that start Ray, or vLLM,
-# run one at a time (tests/conftest.py: lane).
-.venv/bin/pytest -q -n 2 --dist loadfile "$@"
+# Three workers on two cores (much of a real-process test is waiting on a process or a socket):
+# each test file runs whole on one of them, and the files that start Ray, or vLLM, run one at a
+# time (tests/conftest.py: lane).
+.venv/bin/pytest -q -n 3 --dist loadfile "$@"
