@@ -253,3 +253,48 @@ def test_a_pool_without_spares_prepares_nothing_on_its_own():
     pool.wait_prepared()
 
     assert pool.statistics().prepared == 0
+
+
+def test_a_set_keeps_its_views_for_an_unchanged_model_and_copies_its_values_as_they_are():
+    model = tiny_llama(tied=False)
+    pool = BufferPool(1)
+    first = capture(model, buffers=lease_for(pool, model))
+    head = first.tensors["lm_head.weight"]
+    first.release()
+    with torch.no_grad():
+        model.lm_head.weight.add_(1.0)
+
+    second = capture(model, buffers=lease_for(pool, model))
+    try:
+        assert second.tensors["lm_head.weight"] is head
+        assert torch.equal(second.tensors["lm_head.weight"], model.lm_head.weight)
+    finally:
+        second.release()
+
+    model.lm_head.weight = torch.nn.Parameter(torch.ones(model.lm_head.weight.shape[0] + 3, 64))
+    third = capture(model, buffers=lease_for(pool, model))
+    try:
+        assert third.tensors["lm_head.weight"] is not head
+        assert torch.equal(third.tensors["lm_head.weight"], model.lm_head.weight)
+        for name, tensor in model.state_dict().items():
+            assert torch.equal(third.tensors[name], tensor), name
+    finally:
+        third.release()
+
+
+def test_a_set_the_pool_lets_go_is_freed_with_the_views_it_kept():
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    model = tiny_llama(tied=False)
+    pool = BufferPool(1)
+    lease = lease_for(pool, model)
+    freed = [StorageWeakRef(lease.buffer().untyped_storage())]
+    capture(model, buffers=lease).release()
+    grown = pool.try_lease(pool.statistics().free_nbytes + 1, pinned=False)
+    assert grown is not None
+    freed.append(StorageWeakRef(grown.buffer().untyped_storage()))
+    capture(model, buffers=grown).release()
+    del lease, grown
+    assert [ref.expired() for ref in freed] == [True, False]  # the small set was replaced
+    pool.close()
+    assert [ref.expired() for ref in freed] == [True, True]

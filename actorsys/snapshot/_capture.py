@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -168,7 +169,7 @@ def capture(
                 f"the weights need {plan.buffer_nbytes} bytes of buffer, the lease holds "
                 f"{lease.nbytes}; did the model change between reserve and capture?"
             )
-        tensors = _copy_into(plan.entries, lease.buffer()) if plan.entries else {}
+        tensors = _copy_into(plan, lease) if plan.entries else {}
         lease.prepare_spares()
         if plan.adapters is None:
             weights = CapturedWeights(tensors, nbytes=plan.nbytes, lease=lease)
@@ -204,7 +205,7 @@ def capture_shards(plan: StatePlan, lease: BufferLease) -> CapturedWeights:
             raise ValueError(
                 f"the shards need {plan.buffer_nbytes} bytes of buffer, the lease holds {lease.nbytes}"
             )
-        tensors = _copy_into(plan.entries, lease.buffer()) if plan.entries else {}
+        tensors = _copy_into(plan, lease) if plan.entries else {}
         lease.prepare_spares()
         weights = CapturedWeights(tensors, nbytes=plan.nbytes, lease=lease)
         weights.sharding = plan.sharding
@@ -214,26 +215,39 @@ def capture_shards(plan: StatePlan, lease: BufferLease) -> CapturedWeights:
     return weights
 
 
-def _copy_into(entries: dict[str, torch.Tensor], buffer: torch.Tensor) -> dict[str, torch.Tensor]:
-    tensors: dict[str, torch.Tensor] = {}
+def _copy_into(plan: StatePlan, lease: BufferLease) -> dict[str, torch.Tensor]:
+    """Copy ``plan``'s entries into ``lease``'s set; their views there, by name.
+
+    The views are laid out once per plan and set: a plan recalled unchanged (``_plans``)
+    keeps its ``memo``, which stands for its layout. An adapter plan's entries vary between
+    points (the frozen tensors that changed), so its views are made each time."""
+    entries = plan.entries
+    layout = plan.memo if plan.adapters is None else None
+    targets = lease.views(layout, functools.partial(_lay_out, entries))
     streams: dict[torch.device, torch.cuda.Stream] = {}
-    offset = 0
     try:
         with torch.no_grad():
             for name, source in entries.items():
-                nbytes = tensor_nbytes(source)
-                target = buffer[offset : offset + nbytes].view(source.dtype).view(source.shape)
                 on_cuda = source.device.type == "cuda"
                 if on_cuda and source.device not in streams:
                     streams[source.device] = torch.cuda.current_stream(source.device)
-                target.copy_(source, non_blocking=on_cuda)
-                tensors[name] = target
-                offset += aligned(nbytes)
+                targets[name].copy_(source, non_blocking=on_cuda)
     finally:
         # Also on error: no copy may still be landing in the buffer once it is given back.
         for stream in streams.values():
             stream.synchronize()
-    return tensors
+    return dict(targets)
+
+
+def _lay_out(entries: dict[str, torch.Tensor], buffer: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Views of ``buffer`` shaped as ``entries``, one after another at aligned offsets."""
+    views: dict[str, torch.Tensor] = {}
+    offset = 0
+    for name, source in entries.items():
+        nbytes = tensor_nbytes(source)
+        views[name] = buffer[offset : offset + nbytes].view(source.dtype).view(source.shape)
+        offset += aligned(nbytes)
+    return views
 
 
 def _capture_model_files(

@@ -89,6 +89,10 @@ class BufferPool:
         self._allocations = 0
         self._prepared = 0
         self._closed = False
+        self._layouts: dict[int, tuple[torch.Tensor, object, dict[str, torch.Tensor]]] = {}
+        """A set's views laid out for one plan (see ``BufferLease.views``), by the set's id.
+        An entry holds its set, so the id is not reused while it is there; it goes when the
+        pool drops the set (``_drop``)."""
         self.kept = KeptBase()
 
     def try_lease(self, nbytes: int, *, pinned: bool) -> BufferLease | None:
@@ -117,7 +121,7 @@ class BufferPool:
             elif self._sets < self.max_sets:
                 self._sets += 1
             elif self._free:
-                self._free.pop(0)
+                self._drop(self._free.pop(0))
             else:
                 return None
             self._leases += 1
@@ -177,6 +181,7 @@ class BufferPool:
             self._closed = True
             self._sets -= len(self._free)
             self._free.clear()
+            self._layouts.clear()
         self.kept.clear()
 
     def statistics(self) -> PoolStatistics:
@@ -205,7 +210,9 @@ class BufferPool:
                 unfit = [b for b in self._free if not _fits(b, nbytes, pinned)]
                 if not unfit:
                     return None
-                self._free.remove(min(unfit, key=lambda b: b.numel()))
+                dropped = min(unfit, key=lambda b: b.numel())
+                self._free.remove(dropped)
+                self._drop(dropped)
             preparation = Preparation(nbytes, pinned)
             self._preparing.append(preparation)
             return preparation
@@ -255,8 +262,33 @@ class BufferPool:
                 self._free.append(buffer)
             else:
                 self._sets -= 1
+                if buffer is not None:
+                    self._drop(buffer)
         if self._on_free is not None:
             self._on_free()
+
+    def _views(
+        self,
+        buffer: torch.Tensor,
+        layout: object,
+        lay_out: Callable[[torch.Tensor], dict[str, torch.Tensor]],
+    ) -> dict[str, torch.Tensor]:
+        """``buffer``'s views for ``layout``: those kept from an earlier point, or made now by
+        ``lay_out(buffer)`` and kept while the pool holds the set."""
+        with self._lock:
+            known = self._layouts.get(id(buffer))
+        if known is not None and known[0] is buffer and known[1] is layout:
+            return known[2]
+        views = lay_out(buffer)
+        with self._lock:
+            if not self._closed:
+                self._layouts[id(buffer)] = (buffer, layout, views)
+        return views
+
+    def _drop(self, buffer: torch.Tensor) -> None:
+        """Forget the views of a set the pool lets go (called with the lock held), so that
+        nothing keeps its memory alive."""
+        self._layouts.pop(id(buffer), None)
 
 
 def _fits(buffer: torch.Tensor, nbytes: int, pinned: bool) -> bool:
