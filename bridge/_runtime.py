@@ -133,7 +133,7 @@ class Runtime:
 
     def launch(self, reservation: Reservation, weights: CapturedWeights | None) -> None:
         self.trio.note_launched(reservation.point.step)
-        self.trio.post(Command(lambda nursery: self._sup_launch(reservation, weights)))
+        self.trio.post(Command(lambda nursery: self._sup_launch(reservation, weights)), detached=True)
 
     def release(self, reservation: Reservation) -> None:
         self.trio.post(Command(lambda nursery: self.trio.supervisor.release(reservation)))

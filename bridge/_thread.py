@@ -5,6 +5,12 @@ onto an unbounded memory channel: neither ever blocks, whatever the trio thread 
 In the trio thread one dispatcher task runs the commands in the order they were posted; a
 command that has to wait starts a task of its own, so the dispatcher never does.
 
+A host thread that must not wait for the trio thread to be done with its command (the last
+step of a submit, on the trainer's stall) posts it *detached*: a relay thread wakes the trio
+thread instead. Waking it from the host's thread would hand the GIL to the trio thread for as
+long as it then runs (up to the interpreter's switch interval) before the host's thread gets
+it back. Commands reach the dispatcher in the order they were posted either way.
+
 The thread also keeps the host's own record of the pipeline, readable without the trio
 thread: the steps handed over, the steps the sink saw settle, and the supervisor's statistics
 as last published.
@@ -31,6 +37,7 @@ from actorsys.supervisor import EvalSupervisor
 log = logging.getLogger("actorsys.bridge")
 
 THREAD_NAME = "actorsys-bridge"
+RELAY_NAME = f"{THREAD_NAME} (relay)"
 
 
 def nothing() -> None:
@@ -69,6 +76,11 @@ class TrioThread:
         self._sup: EvalSupervisor | None = None
         self._launched: set[int] = set()
         self._settled: set[int] = set()
+        self._relay_lock = threading.Lock()
+        self._relayed: list[Command] = []
+        self._relay_wake = threading.Event()
+        self._relay: threading.Thread | None = None
+        self._relay_gone = False
         self._stats = SupervisorStatistics(
             in_flight=0, settled=0, ok=0, skipped_by_reason={}, restarts=0,
             gave_up=False, closed=False,
@@ -93,8 +105,23 @@ class TrioThread:
         if self.ever_started:
             self._thread.join(timeout)
 
-    def post(self, command: Command) -> None:
-        """Hand ``command`` to the trio thread without blocking, or refuse it at once."""
+    def post(self, command: Command, *, detached: bool = False) -> None:
+        """Hand ``command`` to the trio thread without blocking, or refuse it at once.
+
+        ``detached``: the relay thread wakes the trio thread, so this returns without waiting
+        for the GIL while the trio thread handles the command. A command posted while
+        detached ones wait for the relay goes behind them."""
+        with self._relay_lock:
+            if (detached or self._relayed) and not self._relay_gone:
+                self._relayed.append(command)
+                if self._relay is None:
+                    self._relay = threading.Thread(target=self._run_relay, name=RELAY_NAME, daemon=True)
+                    self._relay.start()
+                self._relay_wake.set()
+                return
+            self._post_now(command)
+
+    def _post_now(self, command: Command) -> None:
         with self._lock:
             token = self._token
             if token is None and self.ever_started and not self._ended:
@@ -107,6 +134,19 @@ class TrioThread:
             token.run_sync_soon(self._enqueue, command)
         except trio.RunFinishedError:
             command.refuse()
+
+    def _run_relay(self) -> None:
+        """Post what was posted detached, in order, until the trio thread has ended."""
+        while True:
+            self._relay_wake.wait()
+            with self._relay_lock:
+                self._relay_wake.clear()
+                relayed, self._relayed = self._relayed, []
+                for command in relayed:
+                    self._post_now(command)
+                if self.finished.done():
+                    self._relay_gone = True
+                    return
 
     def note_launched(self, step: int) -> None:
         with self._lock:
@@ -154,6 +194,7 @@ class TrioThread:
             for command in early:
                 command.refuse()
             self.finished.set_result(None)
+            self._relay_wake.set()
 
     async def _main(self) -> None:
         inbox_send, inbox_recv = trio.open_memory_channel[Command](math.inf)
