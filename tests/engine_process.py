@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
+from pathlib import Path
 
 import httpx
 
@@ -26,30 +27,33 @@ def engine_processes(
     argvs: Sequence[Sequence[str]],
     *,
     key: str | None = None,
+    logs: Sequence[Path] | None = None,
 ) -> Iterator[list[str]]:
     """Serve one ``engine`` per entry of ``argvs`` (``--model`` and the rest; the socket is
     bound here), all with the key ``key`` (from the environment, as the fleets hand it),
-    started at once; yields their URLs. The wait is on real processes, so it polls the wall
-    clock, bounded by :data:`START_SECONDS` for all of them."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    started at once; yields their URLs. Each engine's output goes to its entry of ``logs``
+    (if given; else nowhere). The wait is on real processes, so it polls the wall clock,
+    bounded by :data:`START_SECONDS` for all of them."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     env.pop("ACTORSYS_API_KEY", None)
     if key is not None:
         env["ACTORSYS_API_KEY"] = key
     with ExitStack() as files:
         started: list[tuple[subprocess.Popen[bytes], str]] = []
         try:
-            for args in argvs:
+            for i, args in enumerate(argvs):
                 listener = files.enter_context(held_listener())
                 port = int(listener.getsockname()[1])
                 command = [sys.executable, "-m", "actorsys", "engine", *args,
                            "--port", str(port), "--listen-fd", str(listener.fileno())]
-                process = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL,
+                output = subprocess.DEVNULL if logs is None else files.enter_context(logs[i].open("wb"))
+                process = subprocess.Popen(command, env=env, stdout=output, stderr=output,
                                            pass_fds=[listener.fileno()])
                 started.append((process, f"http://127.0.0.1:{port}"))
             deadline = time.monotonic() + START_SECONDS
             with httpx.Client(timeout=5.0) as client:
                 for process, url in started:
-                    _wait_healthy(client, process, url, deadline)
+                    wait_healthy(client, process, url, deadline)
             yield [url for _, url in started]
         finally:
             _stop([process for process, _ in started])
@@ -62,18 +66,30 @@ def engine_process(args: Sequence[str], *, key: str | None = None) -> Iterator[s
         yield url
 
 
-def _wait_healthy(
-    client: httpx.Client, process: subprocess.Popen[bytes], url: str, deadline: float
+def wait_healthy(
+    client: httpx.Client,
+    process: subprocess.Popen[bytes],
+    url: str,
+    deadline: float,
+    *,
+    what: str = "the engine",
+    log: Path | None = None,
+    pause: float = 0.1,
 ) -> None:
+    """Poll ``url``'s ``/health`` until it answers 200. Fails when ``process`` exits first
+    (with the tail of its ``log``, if given) or the wall clock passes ``deadline``: it waits on
+    a real process's start, so it sleeps ``pause`` between polls."""
     while True:
-        assert process.poll() is None, "the engine exited at start"
-        assert time.monotonic() < deadline, f"the engine was not healthy in {START_SECONDS} s"
+        if process.poll() is not None:
+            tail = "" if log is None else ": " + log.read_bytes()[-4000:].decode(errors="replace")
+            raise AssertionError(f"{what} exited at start ({process.returncode}){tail}")
+        assert time.monotonic() < deadline, f"{what} was not healthy before its start deadline"
         try:
             if client.get(f"{url}/health").status_code == 200:
                 return
         except httpx.HTTPError:
             pass
-        time.sleep(0.1)
+        time.sleep(pause)
 
 
 def _stop(processes: list[subprocess.Popen[bytes]]) -> None:

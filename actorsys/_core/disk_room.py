@@ -25,6 +25,7 @@ any skip.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -79,16 +80,14 @@ class DiskRoom:
         room = self.estimate()
         if room is None or room - nbytes < margin_bytes(nbytes):
             self.exact_reads += 1
-            staging_dir = self.staging_dir
-            left = self._left
             free = await run_blocking(
-                lambda: staging.free_bytes(staging_dir),
+                functools.partial(self.read, raises=True),
                 abandon_on_cancel=False,
                 limiter=self._limiter,
-                description=f"free space of {staging_dir}",
+                description=f"free space of {self.staging_dir}",
                 tracker=self._tracker,
             )
-            self._reading = (free + left, time.monotonic())
+            assert free is not None
             if free - self._pending() - DISK_HEADROOM_BYTES < nbytes:
                 return False
         self._admitted += nbytes
@@ -99,15 +98,20 @@ class DiskRoom:
         or it was never launched (trio thread)."""
         self._left += nbytes
 
-    def read(self) -> None:
-        """One reading (blocking; the reader thread's)."""
+    def read(self, *, raises: bool = False) -> int | None:
+        """One reading (blocking: the reader thread's, or a worker thread's for an exact
+        decision): the free bytes, kept for the estimate. A file system that cannot be read
+        leaves no reading; then None, or the ``OSError`` with ``raises``."""
         left = self._left
         try:
             free = staging.free_bytes(self.staging_dir)
         except OSError:
             self._reading = None
-            return
+            if raises:
+                raise
+            return None
         self._reading = (free + left, time.monotonic())
+        return free
 
     def stop(self) -> None:
         """Stop the reader thread (it ends within a reading). Idempotent."""

@@ -15,11 +15,10 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from actorsys.fleet.local import free_port
+from tests.engine_process import engine_processes
 from tests.fleet.conftest import corrupt_copy
 from tests.models import PROMPTS, make_model, make_snapshot
 
@@ -131,16 +130,8 @@ def test_watch_once_on_two_engine_urls_uses_both_lands_in_step_order_and_fails_a
     root, data = checkpoints
     corrupt_copy(root / "step_2", root / f"step_{CHECKPOINTS + 1}")
     logs = [tmp_path / f"engine-{i}.log" for i in range(2)]
-    ports = [free_port(), free_port()]
-    engines = [
-        subprocess.Popen(actorsys("engine", "--model", str(root / "step_1"), "--port", str(port)),
-                         stdout=log.open("w"), stderr=subprocess.STDOUT, env=env())
-        for port, log in zip(ports, logs, strict=True)
-    ]
-    try:
-        urls = [f"http://127.0.0.1:{port}" for port in ports]
-        for url in urls:
-            wait_healthy(url, timeout=60)
+    argvs = [["--model", str(root / "step_1")]] * 2
+    with engine_processes(argvs, logs=logs) as urls:
         out = tmp_path / "out"
         run = subprocess.run(
             actorsys("watch", str(root), "--eval-prompt-data", "tiny", str(data),
@@ -148,11 +139,6 @@ def test_watch_once_on_two_engine_urls_uses_both_lands_in_step_order_and_fails_a
                      "--max-attempts", "2", "--out", str(out)),
             capture_output=True, text=True, timeout=120, env=env(),
         )
-    finally:
-        for engine in engines:
-            engine.terminate()
-        for engine in engines:
-            engine.wait(timeout=30)
     assert run.returncode == 1, run.stderr[-3000:]
     assert done(out) == [f"step_{step}" for step in range(1, CHECKPOINTS + 1)]
     entries = [json.loads(line) for line in (out / "ledger.jsonl").read_text().splitlines()]
@@ -163,13 +149,3 @@ def test_watch_once_on_two_engine_urls_uses_both_lands_in_step_order_and_fails_a
         assert "loaded" in log.read_text()
 
 
-def wait_healthy(url: str, *, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"{url} was not healthy within {timeout} s")

@@ -30,6 +30,7 @@ import httpx
 from actorsys import Fleet, VLLMEngine
 from actorsys.fleet.local import vllm
 from actorsys.fleet.vllm import TIED_RELOAD
+from tests.engine_process import wait_healthy
 from tests.fleet.conftest import VLLM_PYTHON
 
 START_SECONDS = 400.0
@@ -76,18 +77,8 @@ def start(model_dir: Path) -> SharedVLLM:
     try:
         deadline = time.monotonic() + START_SECONDS
         with httpx.Client(timeout=5.0) as client:
-            while True:
-                if process.poll() is not None:
-                    tail = server.log.read_bytes()[-4000:].decode(errors="replace")
-                    raise AssertionError(f"vLLM exited at start ({process.returncode}): {tail}")
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"vLLM was not healthy in {START_SECONDS} s")
-                try:
-                    if client.get(f"{server.url}/health").status_code == 200:
-                        return server
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.2)
+            wait_healthy(client, process, server.url, deadline, what="vLLM", log=server.log, pause=0.2)
+        return server
     except BaseException:
         stop(server)
         raise
