@@ -8,11 +8,9 @@ its state (``version``, the probe, the reference worker) and hands it in.
 
 from __future__ import annotations
 
-import functools
 import math
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import httpx
 import trio
@@ -68,9 +66,8 @@ async def pin_engines(
 
     try:
         async with trio.open_nursery() as nursery:
-            early = prompts is not None and reference_beside_loads()
-            if early:
-                assert prompts is not None
+            beside = reference_beside_loads()
+            if prompts is not None and beside:
                 nursery.start_soon(compute, prompts)
             try:
                 answers = await _load_and_read_back(
@@ -83,7 +80,7 @@ async def pin_engines(
                 failure = exc
                 nursery.cancel_scope.cancel()
             else:
-                if prompts is not None and not early:
+                if prompts is not None and not beside:
                     nursery.start_soon(compute, prompts)
                 pinned()
                 started = True
@@ -118,12 +115,7 @@ def reference_beside_loads() -> bool:
     imported torch (``watch`` on an external fleet) counts as a host without one: this never
     imports it on the trio thread."""
     torch = sys.modules.get("torch")
-    return torch is not None and _has_cuda(torch)
-
-
-@functools.cache
-def _has_cuda(torch: Any) -> bool:
-    return bool(torch.cuda.is_available())
+    return torch is not None and bool(torch.cuda.is_available())
 
 
 def _cut_off(owner: str, version: str) -> ProbeCancelledError:

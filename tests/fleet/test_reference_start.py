@@ -83,11 +83,14 @@ async def test_the_reference_starts_beside_the_loads_only_where_the_engines_use_
     assert verdict.error is None and verdict.unverified is None
 
 
-def test_a_host_without_cuda_starts_the_reference_after_the_answers() -> None:
+@pytest.mark.parametrize("cuda", [False, True])
+def test_the_reference_starts_beside_the_loads_exactly_where_torch_sees_a_cuda_device(
+    monkeypatch: pytest.MonkeyPatch, cuda: bool
+) -> None:
     import torch
 
-    assert not torch.cuda.is_available()  # the test machines have no CUDA device
-    assert pinning.reference_beside_loads() is False
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    assert pinning.reference_beside_loads() is cuda
 
 
 def test_a_process_without_torch_never_imports_it_to_decide(monkeypatch: pytest.MonkeyPatch) -> None:
