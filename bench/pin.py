@@ -241,8 +241,7 @@ async def main(args: argparse.Namespace) -> None:
                 rows.append(("1 vLLM server, tied embeddings", await vllm_pin_times(root, args)))
             print_pin_table(rows)
             alone = await reference_times(snapshots, args.repeats)
-            print(f"\nthe snapshot's reference alone (in a pin it starts once the engines "
-                  f"answered on a host without CUDA, else with their loads): median "
+            print(f"\nthe snapshot's reference alone (runs while the engines load): median "
                   f"{median(alone):.3f} s, min {min(alone):.3f} s")
             ratio = median(t4["on"]) / median(t1["on"])
             print(f"\nratio 4 engines / 1 engine (probe on): {ratio:.2f}\n")

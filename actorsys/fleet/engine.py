@@ -203,8 +203,8 @@ class Fleet:
         pinned (``version`` set) and the start returns a :class:`PinVerdict`: an evaluation
         may run on the fleet from here. The snapshot's reference, computed from ``path`` by
         ``references`` (default: the fleet's own reference worker, a process) since the loads
-        began (on a host without a CUDA device, since the answers came), is judged against
-        the answers in ``nursery`` once it is ready, which settles the verdict: clean, or
+        began, is judged against the answers in ``nursery``
+        once it is ready, which settles the verdict: clean, or
         :class:`~actorsys.fleet.probe.WeightsMismatchError` (the right version, other
         weights). Before the start returns it raises :class:`EngineUnhealthyError`,
         :class:`PinViolationError` (a version that never reads back) or

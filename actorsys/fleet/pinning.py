@@ -9,7 +9,6 @@ its state (``version``, the probe, the reference worker) and hands it in.
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Callable, Sequence
 
 import httpx
@@ -66,8 +65,7 @@ async def pin_engines(
 
     try:
         async with trio.open_nursery() as nursery:
-            beside = reference_beside_loads()
-            if prompts is not None and beside:
+            if prompts is not None:
                 nursery.start_soon(compute, prompts)
             try:
                 answers = await _load_and_read_back(
@@ -80,8 +78,6 @@ async def pin_engines(
                 failure = exc
                 nursery.cancel_scope.cancel()
             else:
-                if prompts is not None and not beside:
-                    nursery.start_soon(compute, prompts)
                 pinned()
                 started = True
                 task_status.started(verdict)
@@ -99,23 +95,6 @@ async def pin_engines(
     elif reference is not None and answers is not None:
         verdict.settle(judge(probed, answers, reference, version))
     verdict.settle(None)
-
-
-def reference_beside_loads() -> bool:
-    """Whether a pin starts the snapshot's reference with the engines' loads (else once they
-    answered the probe; either way the verdict waits for it, not the evaluation).
-
-    Beside the loads where this host has a CUDA device: the engines then compute there, the
-    reference's forward on the CPUs costs them nothing, and the verdict (which a point waits
-    for to settle, holding its slot) comes sooner by the loads' time, seconds for a large
-    model. On a host without one the engines compute on the same CPUs, and a reference beside
-    them slowed their loads and answers: one vLLM server on 2 cores (``bench/pin.py --vllm``),
-    pin until eval start 1.54x the pin without the probe with the reference beside, 1.41x
-    after, while the verdict came no later (1.27 s either way). A process that has not
-    imported torch (``watch`` on an external fleet) counts as a host without one: this never
-    imports it on the trio thread."""
-    torch = sys.modules.get("torch")
-    return torch is not None and bool(torch.cuda.is_available())
 
 
 def _cut_off(owner: str, version: str) -> ProbeCancelledError:

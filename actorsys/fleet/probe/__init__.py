@@ -31,9 +31,7 @@ The reference is computed out of the pinning process, by a reference worker
 (:mod:`actorsys.fleet.reference`): the trainer's process never maps the snapshot, never runs
 its forward and never swaps transformers' process-wide state for it. The worker maps the
 snapshot's safetensors files and computes on the mapped pages. It runs one reference at a
-time, started with the engines' loads so that it overlaps them (on a host without a CUDA
-device, where the engines compute on the same CPUs, once they answered: see
-:func:`actorsys.fleet.pinning.reference_beside_loads`), and it is off the pin's
+time, started with the engines' loads so that it overlaps them, and it is off the pin's
 critical path: the probe's prompts need only the snapshot's ``config.json``, so the engines
 answer them as soon as they read the version back, and the answers are judged against the
 reference when it is ready (see :meth:`actorsys.Fleet.pin_and_verify`). A reference that

@@ -68,8 +68,7 @@ class WeightProbe:
     version.
 
     A pin uses it in three steps: :meth:`prompts` (before the loads), :meth:`reference` (in
-    a task of its own, beside the loads or after the answers: see
-    :func:`~actorsys.fleet.pinning.reference_beside_loads`) and :meth:`ask` (once they read
+    a task of its own, while the engines load and answer) and :meth:`ask` (once they read
     the version back), then :func:`judge` the answers against the reference.
     """
 
