@@ -1,7 +1,7 @@
 """actorsys: non-blocking, supervised evaluation for RL and LLM post-training, on trio.
 
 Every public name is imported when first used (:mod:`actorsys._lazy`), so importing one module
-of the package (``actorsys.evals.scorers`` in a scoring worker) imports that module only.
+of the package (``actorsys.evals.scoring.scorers`` in a scoring worker) imports that module only.
 """
 
 from typing import TYPE_CHECKING
@@ -31,22 +31,16 @@ if TYPE_CHECKING:
         RolloutFnTrainInput,
         RolloutFnTrainOutput,
     )
-    from actorsys.evals.dataset_eval import DatasetEval
-    from actorsys.evals.datasets import DatasetError, EvalDataset
-    from actorsys.evals.eval_config import load_eval_config
-    from actorsys.evals.flags import datasets_from_args
-    from actorsys.evals.lm_eval_tasks import LmEvalTasks
-    from actorsys.evals.scorers import score
-    from actorsys.evals.server import ServerEvalFn
-    from actorsys.fleet.engine import (
-        Engine,
-        EngineUnhealthyError,
-        Fleet,
-        PinError,
-        PinViolationError,
-    )
-    from actorsys.fleet.sglang import SGLangEngine
-    from actorsys.fleet.vllm import VLLMEngine
+    from actorsys.evals.data.dataset import DatasetError, EvalDataset
+    from actorsys.evals.data.eval_config import load_eval_config
+    from actorsys.evals.data.flags import datasets_from_args
+    from actorsys.evals.harnesses.dataset_eval import DatasetEval
+    from actorsys.evals.harnesses.lm_eval_tasks import LmEvalTasks
+    from actorsys.evals.harnesses.server import ServerEvalFn
+    from actorsys.evals.scoring.scorers import score
+    from actorsys.fleet.clients.sglang import SGLangEngine
+    from actorsys.fleet.clients.vllm import VLLMEngine
+    from actorsys.fleet.fleet import Engine, EngineUnhealthyError, Fleet, PinError, PinViolationError
     from actorsys.outcome import CloseReport, DrainReport, Outcome, SupervisorStatistics
     from actorsys.sinks import JsonlSink, MemorySink
     from actorsys.sinks.tensorboard import TensorBoardSink
@@ -106,30 +100,30 @@ __getattr__, __dir__ = lazy_names(
         "CheckpointEvalFn": "actorsys.contracts",
         "CloseReport": "actorsys.outcome",
         "ConfigError": "actorsys._errors",
-        "DatasetError": "actorsys.evals.datasets",
-        "DatasetEval": "actorsys.evals.dataset_eval",
+        "DatasetError": "actorsys.evals.data.dataset",
+        "DatasetEval": "actorsys.evals.harnesses.dataset_eval",
         "DrainReport": "actorsys.outcome",
         "DuplicateStepError": "actorsys._errors",
-        "Engine": "actorsys.fleet.engine",
-        "EngineUnhealthyError": "actorsys.fleet.engine",
+        "Engine": "actorsys.fleet.fleet",
+        "EngineUnhealthyError": "actorsys.fleet.fleet",
         "EvalConfig": "actorsys.config",
-        "EvalDataset": "actorsys.evals.datasets",
+        "EvalDataset": "actorsys.evals.data.dataset",
         "EvalSkip": "actorsys.contracts",
         "EvalSupervisor": "actorsys.supervisor",
-        "Fleet": "actorsys.fleet.engine",
+        "Fleet": "actorsys.fleet.fleet",
         "JsonlSink": "actorsys.sinks",
-        "LmEvalTasks": "actorsys.evals.lm_eval_tasks",
+        "LmEvalTasks": "actorsys.evals.harnesses.lm_eval_tasks",
         "MemorySink": "actorsys.sinks",
         "Outcome": "actorsys.outcome",
-        "PinError": "actorsys.fleet.engine",
-        "PinViolationError": "actorsys.fleet.engine",
+        "PinError": "actorsys.fleet.fleet",
+        "PinViolationError": "actorsys.fleet.fleet",
         "RolloutFnConstructorInput": "actorsys.contracts",
         "RolloutFnEvalInput": "actorsys.contracts",
         "RolloutFnEvalOutput": "actorsys.contracts",
         "RolloutFnTrainInput": "actorsys.contracts",
         "RolloutFnTrainOutput": "actorsys.contracts",
-        "SGLangEngine": "actorsys.fleet.sglang",
-        "ServerEvalFn": "actorsys.evals.server",
+        "SGLangEngine": "actorsys.fleet.clients.sglang",
+        "ServerEvalFn": "actorsys.evals.harnesses.server",
         "StagingInUseError": "actorsys._errors",
         "SubmitError": "actorsys._errors",
         "SupervisorClosedError": "actorsys._errors",
@@ -137,11 +131,11 @@ __getattr__, __dir__ = lazy_names(
         "SupervisorStatistics": "actorsys.outcome",
         "TensorBoardSink": "actorsys.sinks.tensorboard",
         "UnsupportedModelError": "actorsys._errors",
-        "VLLMEngine": "actorsys.fleet.vllm",
+        "VLLMEngine": "actorsys.fleet.clients.vllm",
         "WandbSink": "actorsys.sinks.wandb",
         "WatchOutInUseError": "actorsys._errors",
-        "datasets_from_args": "actorsys.evals.flags",
-        "load_eval_config": "actorsys.evals.eval_config",
-        "score": "actorsys.evals.scorers",
+        "datasets_from_args": "actorsys.evals.data.flags",
+        "load_eval_config": "actorsys.evals.data.eval_config",
+        "score": "actorsys.evals.scoring.scorers",
     },
 )

@@ -1,7 +1,7 @@
 """A package's public names, imported when first asked for (PEP 562).
 
 A package ``__init__`` that imported every public name at once would make each of its
-modules as heavy as the whole package: importing ``actorsys.evals.scorers`` (all a scoring
+modules as heavy as the whole package: importing ``actorsys.evals.scoring.scorers`` (all a scoring
 worker process needs) would import torch through the pipeline. So ``actorsys`` and
 ``actorsys.evals`` name where each public name lives and import it on first use, through a
 module ``__getattr__``; ``__dir__`` lists them, and the same imports under ``TYPE_CHECKING``
@@ -10,7 +10,7 @@ let type checkers and editors see them. A name asked for that is not public but 
 
 Example, in a package ``__init__``::
 
-    __getattr__, __dir__ = lazy_names(__name__, {"EvalDataset": "actorsys.evals.datasets"})
+    __getattr__, __dir__ = lazy_names(__name__, {"EvalDataset": "actorsys.evals.data.dataset"})
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ class EvalConfig:
       supervisor gives up.
     - ``max_shard_size``: bytes per safetensors shard of an export.
     - ``probe``: after the version reads back, every engine answers a short fixed probe that
-      must agree with what the snapshot computes (see :mod:`actorsys.fleet.probe`); an engine
+      must agree with what the snapshot computes (see :mod:`actorsys.fleet.pin.probe`); an engine
       serving other weights is ``pin_violation``. Where no probe can be had (an engine with no
       completion endpoint, a snapshot without a config) the pin checks the version only.
     - ``eval_rank``: in a ``torch.distributed`` job of several ranks, the rank whose supervisor

@@ -18,7 +18,7 @@ from collections.abc import Callable
 AddFlags = Callable[[argparse._ArgumentGroup], None]
 """Adds a feature's flags to the evaluation argument group (skipping those the parser has)."""
 
-FEATURES = ("actorsys.evals.flags", "actorsys.fleet.flags")
+FEATURES = ("actorsys.evals.data.flags", "actorsys.fleet.flags")
 """The modules that register flags, by name: the config layer imports no feature."""
 
 _REGISTERED: list[AddFlags] = []

@@ -11,7 +11,7 @@ is private (``actorsys._core``).
 """
 
 from actorsys._core.admission import Reservation
-from actorsys._core.collective import is_collective_job
+from actorsys._core.collective.protocol import is_collective_job
 from actorsys._core.submit import SubmitArguments, SubmitRequest
 from actorsys._core.supervisor import EvalSupervisor
 

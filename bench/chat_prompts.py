@@ -13,7 +13,7 @@ system message and tools, ``enable_thinking`` off):
 
 Measured, alternating ``--repeats`` times (medians):
 
-1. preparing the prompts for one point (:func:`actorsys.evals.prompts.prepare_prompts`: the
+1. preparing the prompts for one point (:func:`actorsys.evals.data.prompts.prepare_prompts`: the
    tokenizer load, then for ``chat`` rendering and tokenizing every prompt, for ``plain``
    tokenizing them to fit the context);
 2. a whole evaluation on one real CPU engine (``evaluate_datasets``, ``max_tokens=1`` so that
@@ -39,8 +39,8 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from actorsys.evals import EvalDataset  # noqa: E402
-from actorsys.evals.prompts import prepare_prompts  # noqa: E402
-from actorsys.evals.sampling import evaluate_datasets  # noqa: E402
+from actorsys.evals.data.prompts import prepare_prompts  # noqa: E402
+from actorsys.evals.harnesses.sampling import evaluate_datasets  # noqa: E402
 from actorsys.fleet.chat_template import load_tokenizer, render_chat  # noqa: E402
 from actorsys.fleet.local import LocalFleet, embedded  # noqa: E402
 from tests.chat_models import ADD_TOOL, make_chat_model  # noqa: E402

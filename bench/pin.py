@@ -47,13 +47,8 @@ from actorsys import (  # noqa: E402
     RolloutFnEvalOutput,
 )
 from actorsys.fleet.local import LocalFleet, embedded  # noqa: E402
-from actorsys.fleet.probe import (  # noqa: E402
-    PrefillAnswer,
-    WeightProbe,
-    probe_prompts,
-    read_probe_prompts,
-)
-from actorsys.fleet.reference import ReferenceWorker  # noqa: E402
+from actorsys.fleet.pin.probe import PrefillAnswer, WeightProbe, probe_prompts, read_probe_prompts
+from actorsys.fleet.pin.reference import ReferenceWorker  # noqa: E402
 from tests.models import make_model, make_snapshot, random_model  # noqa: E402
 
 VLLM_PYTHON = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"

@@ -30,12 +30,8 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from actorsys.fleet.local import LocalFleet, embedded  # noqa: E402
-from actorsys.fleet.probe import (  # noqa: E402
-    PrefillEngine,
-    prefill_sequences,
-    read_probe_prompts,
-)
-from actorsys.fleet.reference import ReferenceWorker  # noqa: E402
+from actorsys.fleet.pin.probe import PrefillEngine, prefill_sequences, read_probe_prompts
+from actorsys.fleet.pin.reference import ReferenceWorker  # noqa: E402
 from tests.models import make_model, make_snapshot  # noqa: E402
 
 

@@ -27,7 +27,7 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from actorsys.evals import score  # noqa: E402
-from actorsys.evals.scoring_pool import SCORING_WORKERS, Item, score_in_workers  # noqa: E402
+from actorsys.evals.scoring.pool import SCORING_WORKERS, Item, score_in_workers  # noqa: E402
 
 SAMPLES: dict[str, list[tuple[str, str]]] = {
     "exact": [("Paris", "Paris"), ("Lyon ", "Paris")],

@@ -6,7 +6,7 @@ Each case spawns a fresh worker process (a trio-parallel context of its own, as 
 first job meets one), runs one job in it and reports the time from the call to the answer and
 the worker's resident memory (``VmRSS``) afterwards, with which heavy modules it imported:
 
-- ``now``: the pool's warm-up job, a plain function of ``actorsys.evals.scoring_jobs`` (the
+- ``now``: the pool's warm-up job, a plain function of ``actorsys.evals.scoring.jobs`` (the
   packages around the scorers import their names on first use);
 - ``boot``: what the worker imported before the package inits were lazy: the pool module
   itself (trio, trio-parallel, the runtime) beside the scorers, which bare stand-in packages
@@ -40,7 +40,7 @@ def _report() -> dict[str, Any]:
 
 
 def now() -> dict[str, Any]:
-    from actorsys.evals.scoring_jobs import warm_up
+    from actorsys.evals.scoring.jobs import warm_up
 
     warm_up(["math"])
     return _report()
@@ -49,7 +49,7 @@ def now() -> dict[str, Any]:
 def boot() -> dict[str, Any]:
     import importlib
 
-    importlib.import_module("actorsys.evals.scoring_pool")
+    importlib.import_module("actorsys.evals.scoring.pool")
     return now()
 
 

@@ -71,7 +71,7 @@ class WorkerSampler:
         while not self._stop.wait(0.01):
             for child in me.children(recursive=True):
                 try:
-                    if "actorsys.fleet.reference" not in " ".join(child.cmdline()):
+                    if "actorsys.fleet.pin.reference" not in " ".join(child.cmdline()):
                         continue
                 except psutil.Error:
                     continue
@@ -188,8 +188,8 @@ def median(values: list[float]) -> float:
 async def worker_memory(root: Path) -> dict[str, dict[str, float]]:
     """The reference worker's peak memory computing a tiny model's reference (what the
     interpreter, torch and transformers cost) and then the bench model's."""
-    from actorsys.fleet.probe import read_probe_prompts
-    from actorsys.fleet.reference import ReferenceWorker
+    from actorsys.fleet.pin.probe import read_probe_prompts
+    from actorsys.fleet.pin.reference import ReferenceWorker
     from tests.models import make_model
 
     make_model(root / "tiny", seed=1)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from actorsys.fleet._port import held_listener
+from actorsys.fleet._proc.port import held_listener
 
 START_SECONDS = 120.0
 

@@ -19,7 +19,7 @@ from actorsys import (
     RolloutFnEvalInput,
     RolloutFnEvalOutput,
 )
-from actorsys.fleet.completions import Completion, StaleWeightsError
+from actorsys.fleet.clients.completions import Completion, StaleWeightsError
 from actorsys.runtime import run_in_eval_thread
 
 

@@ -20,7 +20,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"_errors", "_files", "_lazy", "_tls", "_flags", "_lock", "_jsonl", "flag_groups",
                "runtime"}),
     frozenset({"config", "contracts", "staging"}),
-    frozenset({"outcome", "snapshot", "fleet", "sinks", "sinks_fanout", "metrics_file"}),
+    frozenset({"outcome", "snapshot", "fleet", "sinks", "metrics_file"}),
     frozenset({"evals", "_core", "actors"}),
     frozenset({"supervisor", "__init__"}),
     frozenset({"watch", "integrations", "demo", "bridge"}),
@@ -168,7 +168,7 @@ def private_to(target: str) -> str | None:
     """The unit whose private module ``target`` is, or None for a module any unit may import.
 
     The rule: a module whose path below its unit has a part starting with ``_``
-    (``actorsys.snapshot._write``, ``actorsys.fleet.embedded._x``) belongs to that unit (a
+    (``actorsys.snapshot._write.write``, ``actorsys.fleet.embedded._x``) belongs to that unit (a
     top-level module or package of actorsys) alone; other units reach it only through the
     unit's public modules. The top-level private modules and packages (``actorsys._errors``,
     ``_files``, ``_tls``, ``_flags``, ``_lock``, ``_jsonl``, ``_core``) are actorsys's shared
@@ -211,7 +211,7 @@ def test_bench_and_examples_import_nothing_private() -> None:
 
 
 def test_the_private_import_checks_see_a_crossing() -> None:
-    assert private_to("actorsys.fleet._process") == "fleet"
+    assert private_to("actorsys.fleet._proc.process") == "fleet"
     assert private_to("actorsys.fleet.embedded._x") == "fleet"
     assert private_to("actorsys._files") is None and private_to("actorsys._core.point") is None
     assert private_to("actorsys.snapshot") is None

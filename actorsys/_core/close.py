@@ -15,7 +15,7 @@ from typing import Any
 
 import trio
 
-from actorsys._core.contribution import Contribution
+from actorsys._core.collective.contribution import Contribution
 from actorsys._core.point import State
 from actorsys._core.wiring import Wiring
 from actorsys.actors.stage import within

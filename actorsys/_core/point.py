@@ -16,7 +16,7 @@ from typing import Protocol
 
 from actorsys.contracts import RolloutFnEvalOutput
 from actorsys.fleet import Fleet
-from actorsys.fleet.verdict import PinVerdict
+from actorsys.fleet.pin.verdict import PinVerdict
 from actorsys.snapshot import CapturedWeights
 
 ExportFn = Callable[[int, str], Awaitable[None]]

@@ -29,9 +29,9 @@ import trio
 
 from actorsys._core import close as _close
 from actorsys._core.admission import Reservation
-from actorsys._core.collective import Collective
-from actorsys._core.collective_admission import decide
-from actorsys._core.contribution import Contribution
+from actorsys._core.collective.admission import decide
+from actorsys._core.collective.contribution import Contribution
+from actorsys._core.collective.protocol import Collective
 from actorsys._core.staging_claim import StagingClaim, open_staging
 from actorsys._core.submit import SubmitArguments, SubmitRequest
 from actorsys._core.supervisor_start import join_collective, release_claim, run_actors, warm_up
@@ -93,7 +93,7 @@ class EvalSupervisor:
         removed (:mod:`actorsys._core.staging_claim`).
 
         In a ``torch.distributed`` job of several ranks the open is collective (see
-        :mod:`actorsys._core.collective`): it returns once every rank opened, and raises
+        :mod:`actorsys._core.collective.protocol`): it returns once every rank opened, and raises
         :class:`~actorsys.ConfigError` on every rank if one of them does not see ``hf_dir``.
         Only the evaluating rank claims the staging dir; the other ranks write their shards
         into it without taking its lock or sweeping it.

@@ -16,7 +16,7 @@ from typing import Any
 
 import trio
 
-from actorsys._core.collective import Collective
+from actorsys._core.collective.protocol import Collective
 from actorsys._core.staging_claim import StagingClaim
 from actorsys._core.wiring import Wiring
 from actorsys.config import EvalConfig
@@ -88,7 +88,7 @@ async def run_actors(
 async def warm_up(eval_fn: Any, scope: trio.CancelScope) -> None:
     """Let the eval fn get ready for its first point, in the background: an eval fn that
     scores in worker processes (``DatasetEval``, ``ServerEvalFn``) starts and warms them
-    (:mod:`actorsys.evals.scoring_pool`), so the first point pays no worker start. Its
+    (:mod:`actorsys.evals.scoring.pool`), so the first point pays no worker start. Its
     optional ``async def _warm_up()`` runs in the supervisor's nursery, inside ``scope``; close
     cancels it and never waits for it; it fails only with a log line."""
     method = getattr(eval_fn, "_warm_up", None)

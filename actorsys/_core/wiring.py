@@ -35,7 +35,7 @@ from actorsys.actors.stage import Stage
 from actorsys.config import EvalConfig
 from actorsys.contracts import RUNTIMES
 from actorsys.fleet import Fleet
-from actorsys.fleet.probe import ProbedEngine
+from actorsys.fleet.pin.probe import ProbedEngine
 from actorsys.outcome import SupervisorStatistics
 from actorsys.runtime import ActorSupervisor, ChildSpec, Restart, ThreadTracker
 from actorsys.sinks import Sink

@@ -30,8 +30,8 @@ from actorsys.actors.retirer import Retirer
 from actorsys.actors.stage import Done, Result, SequentialStage, Skip
 from actorsys.config import EvalConfig
 from actorsys.fleet import Fleet, PinError
-from actorsys.fleet.reference import ReferenceWorker
-from actorsys.fleet.verdict import PinVerdict
+from actorsys.fleet.pin.reference import ReferenceWorker
+from actorsys.fleet.pin.verdict import PinVerdict
 from actorsys.outcome import PIN_TIME_SECONDS
 
 NAME = "pinner"

@@ -14,8 +14,8 @@ from types import TracebackType
 
 import trio
 
-from actorsys.fleet.engine import Fleet
-from actorsys.fleet.local import EngineSpec, LocalFleet
+from actorsys.fleet.fleet import Fleet
+from actorsys.fleet.local.fleet import EngineSpec, LocalFleet
 from actorsys.watch.fleets import split
 
 

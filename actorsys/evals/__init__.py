@@ -14,7 +14,7 @@
 - :class:`InspectTasks`: inspect-ai tasks on the pinned fleet (extra ``inspect``).
 
 Every public name is imported when first used (:mod:`actorsys._lazy`): a scoring worker
-imports ``actorsys.evals.scorers`` and what it needs, not the eval fns around it.
+imports ``actorsys.evals.scoring.scorers`` and what it needs, not the eval fns around it.
 """
 
 from typing import TYPE_CHECKING
@@ -22,15 +22,15 @@ from typing import TYPE_CHECKING
 from actorsys._lazy import lazy_names
 
 if TYPE_CHECKING:
-    from actorsys.evals.dataset_eval import DatasetEval
-    from actorsys.evals.datasets import DatasetError, EvalDataset
-    from actorsys.evals.eval_config import load_eval_config
-    from actorsys.evals.flags import datasets_from_args
-    from actorsys.evals.inspect_tasks import InspectTasks
-    from actorsys.evals.lm_eval_tasks import LmEvalTasks
-    from actorsys.evals.openai_eval import OpenAIEvalFn
-    from actorsys.evals.scorers import SCORERS, score
-    from actorsys.evals.server import ServerEvalFn
+    from actorsys.evals.data.dataset import DatasetError, EvalDataset
+    from actorsys.evals.data.eval_config import load_eval_config
+    from actorsys.evals.data.flags import datasets_from_args
+    from actorsys.evals.harnesses.dataset_eval import DatasetEval
+    from actorsys.evals.harnesses.inspect_tasks import InspectTasks
+    from actorsys.evals.harnesses.lm_eval_tasks import LmEvalTasks
+    from actorsys.evals.harnesses.openai_eval import OpenAIEvalFn
+    from actorsys.evals.harnesses.server import ServerEvalFn
+    from actorsys.evals.scoring.scorers import SCORERS, score
 
 __all__ = [
     "SCORERS",
@@ -49,16 +49,16 @@ __all__ = [
 __getattr__, __dir__ = lazy_names(
     __name__,
     {
-        "DatasetError": "actorsys.evals.datasets",
-        "DatasetEval": "actorsys.evals.dataset_eval",
-        "EvalDataset": "actorsys.evals.datasets",
-        "InspectTasks": "actorsys.evals.inspect_tasks",
-        "LmEvalTasks": "actorsys.evals.lm_eval_tasks",
-        "OpenAIEvalFn": "actorsys.evals.openai_eval",
-        "SCORERS": "actorsys.evals.scorers",
-        "ServerEvalFn": "actorsys.evals.server",
-        "datasets_from_args": "actorsys.evals.flags",
-        "load_eval_config": "actorsys.evals.eval_config",
-        "score": "actorsys.evals.scorers",
+        "DatasetError": "actorsys.evals.data.dataset",
+        "DatasetEval": "actorsys.evals.harnesses.dataset_eval",
+        "EvalDataset": "actorsys.evals.data.dataset",
+        "InspectTasks": "actorsys.evals.harnesses.inspect_tasks",
+        "LmEvalTasks": "actorsys.evals.harnesses.lm_eval_tasks",
+        "OpenAIEvalFn": "actorsys.evals.harnesses.openai_eval",
+        "SCORERS": "actorsys.evals.scoring.scorers",
+        "ServerEvalFn": "actorsys.evals.harnesses.server",
+        "datasets_from_args": "actorsys.evals.data.flags",
+        "load_eval_config": "actorsys.evals.data.eval_config",
+        "score": "actorsys.evals.scoring.scorers",
     },
 )

@@ -4,23 +4,26 @@
   (``python -m actorsys engine``), which speaks the same API subset.
 - :class:`VLLMEngine`: a vLLM OpenAI server with its weight-update endpoints.
 - :class:`~actorsys.fleet.local.LocalFleet`: engines (and sglang-router) started on loopback,
-  each as an :class:`~actorsys.fleet.specs.EngineSpec` says (:func:`~actorsys.fleet.specs.embedded`,
-  :func:`~actorsys.fleet.specs.vllm`).
-- :mod:`actorsys.fleet.probe`: the weight probe every pin runs after the version reads back,
-  and :mod:`actorsys.fleet.verdict`: its verdict, which may come after the pin returned.
+  each as an :class:`~actorsys.fleet.local.EngineSpec` says (:func:`~actorsys.fleet.local.embedded`,
+  :func:`~actorsys.fleet.local.vllm`).
+- :mod:`actorsys.fleet.pin.probe`: the weight probe every pin runs after the version reads back,
+  and :mod:`actorsys.fleet.pin.verdict`: its verdict, which may come after the pin returned.
 - :class:`~actorsys.fleet.external.ExternalServer`: a server outside the pipeline's fleets
   (attached or launched) as a Fleet of one engine.
 - :class:`~actorsys.fleet.ray.RayFleet`: engines as Ray actors (the ``ray`` extra; imported
   only from ``actorsys.fleet.ray``, so this package never needs Ray).
 """
 
-from actorsys.fleet.completions import (
+from actorsys.fleet.clients.completions import (
     BadRequestError,
     Completion,
     CompletionError,
     StaleWeightsError,
 )
-from actorsys.fleet.engine import (
+from actorsys.fleet.clients.sglang import SGLangEngine
+from actorsys.fleet.clients.vllm import VLLMEngine
+from actorsys.fleet.flags import FleetFlags
+from actorsys.fleet.fleet import (
     CheckpointRejectedError,
     Engine,
     EngineUnhealthyError,
@@ -28,12 +31,9 @@ from actorsys.fleet.engine import (
     PinError,
     PinViolationError,
 )
-from actorsys.fleet.errors import EngineUnauthorizedError
-from actorsys.fleet.flags import FleetFlags
-from actorsys.fleet.probe import WeightsMismatchError
-from actorsys.fleet.sglang import SGLangEngine
-from actorsys.fleet.verdict import PinVerdict, ProbeCancelledError
-from actorsys.fleet.vllm import VLLMEngine
+from actorsys.fleet.on_all import EngineUnauthorizedError
+from actorsys.fleet.pin.probe import WeightsMismatchError
+from actorsys.fleet.pin.verdict import PinVerdict, ProbeCancelledError
 
 __all__ = [
     "BadRequestError",

@@ -20,8 +20,12 @@ from actorsys.snapshot._capture import (
     capture,
     capture_shards,
 )
-from actorsys.snapshot._lease import BufferLease
-from actorsys.snapshot._model_files import (
+from actorsys.snapshot._pool.lease import BufferLease
+from actorsys.snapshot._pool.pool import BufferPool, PoolStatistics
+from actorsys.snapshot._pool.prepare import prepare_like_checkpoint, prepare_weights
+from actorsys.snapshot._sharded.write import write_pieces
+from actorsys.snapshot._state import Source, StatePlan, plan_state
+from actorsys.snapshot._write.model_files import (
     CONFIG_NAME,
     DEFAULT_MAX_SHARD_SIZE,
     INDEX_NAME,
@@ -30,11 +34,7 @@ from actorsys.snapshot._model_files import (
     copy_non_weight_files,
     fsync_tree,
 )
-from actorsys.snapshot._pool import BufferPool, PoolStatistics
-from actorsys.snapshot._prepare import prepare_like_checkpoint, prepare_weights
-from actorsys.snapshot._sharded import write_pieces
-from actorsys.snapshot._state import Source, StatePlan, plan_state
-from actorsys.snapshot._write import write_snapshot, write_weights
+from actorsys.snapshot._write.write import write_snapshot, write_weights
 
 WEIGHT_FILE = WEIGHTS_NAME
 

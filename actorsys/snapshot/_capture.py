@@ -13,14 +13,14 @@ import torch
 
 from actorsys._errors import ActorsysError
 from actorsys.snapshot import _conversions
-from actorsys.snapshot._adapter_merge import assemble
-from actorsys.snapshot._kept import KeptBase
-from actorsys.snapshot._lease import BufferLease
+from actorsys.snapshot._adapters.kept import KeptBase
+from actorsys.snapshot._adapters.merge import assemble
+from actorsys.snapshot._pool.lease import BufferLease
 from actorsys.snapshot._state import Source, StatePlan, plan_state
-from actorsys.snapshot._tensors import aligned, tensor_nbytes
+from actorsys.snapshot._state_plan import aligned, tensor_nbytes
 
 if TYPE_CHECKING:
-    from actorsys.snapshot._sharded import Handover, Sharding
+    from actorsys.snapshot._sharded.write import Handover, Sharding
 
 
 class WeightsReleasedError(ActorsysError, RuntimeError):

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import torch
 
-from actorsys.snapshot import _plans, _sharded_plan
-from actorsys.snapshot._adapters import plan_adapters
+from actorsys.snapshot import _plan_cache as _plans
+from actorsys.snapshot._adapters.plan import plan_adapters
 from actorsys.snapshot._forms import ModelForm, model_form
-from actorsys.snapshot._tensors import (
+from actorsys.snapshot._sharded import plan as _sharded_plan
+from actorsys.snapshot._state_plan import (
     Source,
     StatePlan,
     _check_entry,

@@ -12,13 +12,13 @@ from functools import partial
 
 import trio
 
-from actorsys.fleet.engine import EngineUnhealthyError, Fleet
-from actorsys.fleet.errors import EngineUnauthorizedError
-from actorsys.fleet.flavor import Flavor, engine_of_flavor
-from actorsys.fleet.local import LocalFleet
-from actorsys.fleet.sglang import SGLangEngine
-from actorsys.fleet.specs import VLLM_PYTHON, EngineSpec, embedded, vllm
-from actorsys.fleet.vllm import VLLMEngine
+from actorsys.fleet.clients.flavor import Flavor, engine_of_flavor
+from actorsys.fleet.clients.sglang import SGLangEngine
+from actorsys.fleet.clients.vllm import VLLMEngine
+from actorsys.fleet.fleet import EngineUnhealthyError, Fleet
+from actorsys.fleet.local.fleet import LocalFleet
+from actorsys.fleet.local.specs import VLLM_PYTHON, EngineSpec, embedded, vllm
+from actorsys.fleet.on_all import EngineUnauthorizedError
 from actorsys.runtime import ThreadTracker, run_blocking
 from actorsys.watch.scan import Checkpoint
 

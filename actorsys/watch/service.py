@@ -29,7 +29,7 @@ import trio
 
 from actorsys._errors import SupervisorClosedError
 from actorsys.config import EvalConfig
-from actorsys.fleet.engine import Fleet
+from actorsys.fleet.fleet import Fleet
 from actorsys.outcome import Outcome
 from actorsys.runtime import ThreadTracker, run_blocking
 from actorsys.sinks import JsonlSink, Sink

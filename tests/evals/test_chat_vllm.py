@@ -11,7 +11,7 @@ import pytest
 
 from actorsys import EvalConfig, EvalSupervisor, MemorySink
 from actorsys.evals import ServerEvalFn
-from actorsys.fleet.completions import complete
+from actorsys.fleet.clients.completions import complete
 from tests.evals.conftest import CHAT_TOKENS, ChatSet
 from tests.evals.test_vllm_server import vllm_argv
 from tests.fleet.conftest import VLLM_TIER

@@ -11,9 +11,9 @@ import pytest
 
 from actorsys import EvalSkip, RolloutFnEvalInput
 from actorsys.evals import DatasetEval, EvalDataset
-from actorsys.evals.context_fit import fit_datasets
-from actorsys.evals.sampling import evaluate_datasets
-from actorsys.fleet.completions import complete
+from actorsys.evals.data.context_fit import fit_datasets
+from actorsys.evals.harnesses.sampling import evaluate_datasets
+from actorsys.fleet.clients.completions import complete
 from actorsys.fleet.local import LocalFleet, embedded
 from tests.fakes import ScriptedFleet
 from tests.models import make_model

@@ -9,7 +9,7 @@ import pytest
 from actorsys import ConfigError, EvalSkip, RolloutFnEvalInput
 from actorsys._errors import ConfigTypeError
 from actorsys.evals import DatasetEval, EvalDataset
-from actorsys.evals.metrics import pass_at_k, pass_ks
+from actorsys.evals.scoring.metrics import pass_at_k, pass_ks
 from tests.fakes import ScriptedFleet
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from actorsys import ConfigError, EvalSkip, Fleet, LmEvalTasks, RolloutFnEvalInput, SGLangEngine
-from actorsys.evals.lm_eval_tasks import output_of
+from actorsys.evals.harnesses.lm_eval_tasks import output_of
 
 
 def run_python(code: str) -> subprocess.CompletedProcess[str]:

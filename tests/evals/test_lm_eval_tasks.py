@@ -30,7 +30,7 @@ from actorsys import (
     SGLangEngine,
 )
 from actorsys.evals import LmEvalTasks
-from actorsys.evals._gate import VERSION_HEADER, RequestGate
+from actorsys.evals._door.gate import VERSION_HEADER, RequestGate
 from actorsys.fleet.local import LocalFleet, embedded, free_port
 from tests.models import greedy, make_model, make_snapshot
 
@@ -92,7 +92,7 @@ def direct_hf(fn: LmEvalTasks, snapshot: Path) -> dict[str, Any]:
 
 
 def fn_metrics(results: dict[str, Any]) -> dict[str, float]:
-    from actorsys.evals.lm_eval_tasks import output_of
+    from actorsys.evals.harnesses.lm_eval_tasks import output_of
 
     metrics = output_of(results, log_samples=False).metrics
     assert metrics is not None

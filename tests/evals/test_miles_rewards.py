@@ -15,9 +15,9 @@ import pytest
 
 from actorsys import ConfigError
 from actorsys.evals import DatasetError, EvalDataset, score
-from actorsys.evals.metrics import dataset_metrics
-from actorsys.evals.sampling import evaluate_datasets, majority_votes, score_answers
-from actorsys.fleet.completions import Completion
+from actorsys.evals.harnesses.sampling import evaluate_datasets, majority_votes, score_answers
+from actorsys.evals.scoring.metrics import dataset_metrics
+from actorsys.fleet.clients.completions import Completion
 from tests.fakes import ScriptedFleet
 
 THOUGHT = "<think>\nso 2+2 is 5? no, \\boxed{5} is wrong\n</think>\n\n"

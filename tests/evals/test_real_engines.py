@@ -19,7 +19,7 @@ import trio
 
 from actorsys import EvalConfig, EvalSkip, EvalSupervisor, MemorySink, RolloutFnEvalInput
 from actorsys.evals import DatasetEval, EvalDataset, ServerEvalFn
-from actorsys.evals.metrics import pass_at_k
+from actorsys.evals.scoring.metrics import pass_at_k
 from actorsys.fleet import Fleet, SGLangEngine
 from actorsys.fleet.local import LocalFleet, embedded, new_api_key
 from tests.engine_process import engine_processes

@@ -12,8 +12,8 @@ import pytest
 import trio
 import trio.testing
 
-from actorsys.evals import _gate as gate_module
-from actorsys.evals._gate import MAX_BODY, VERSION_HEADER, RequestGate
+from actorsys.evals._door import gate as gate_module
+from actorsys.evals._door.gate import MAX_BODY, VERSION_HEADER, RequestGate
 from actorsys.fleet import StaleWeightsError
 from tests.fleet.conftest import Recorder
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from actorsys.evals.scoring_jobs import score_batch
-from actorsys.evals.scoring_pool import score_in_workers
+from actorsys.evals.scoring.jobs import score_batch
+from actorsys.evals.scoring.pool import score_in_workers
 
 
 def exits(answer: str, label: Any, record: Any) -> float:

@@ -7,7 +7,7 @@ import trio
 
 from actorsys import ConfigError
 from actorsys.evals import score
-from actorsys.evals.scorers import chosen_letter
+from actorsys.evals.scoring.scorers import chosen_letter
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ COLD_POOL = """
 import json, sys, trio
 
 async def main():
-    from actorsys.evals.scoring_pool import score_in_workers
+    from actorsys.evals.scoring.pool import score_in_workers
     tower = "\\\\boxed{9^{9^{9^{9}}}}"
     scored = await score_in_workers(
         "math", [("\\\\boxed{2}", "2", None), (tower, "2", None)], score_timeout=2.0
@@ -33,8 +33,8 @@ LIGHT_WORKER = """
 import json, sys, trio
 
 async def main():
-    from actorsys.evals import scoring_jobs, scoring_pool
-    from actorsys.evals.grading import Grader
+    from actorsys.evals.scoring import jobs as scoring_jobs, pool as scoring_pool
+    from actorsys.evals.scoring.grading import Grader
     scorer = Grader("deepscaler", math=True) if sys.argv[1] == "grader" else "math"
     pid = await scoring_pool._in_worker(120.0, scoring_jobs.warm_up, [scorer])
     with open(f"/proc/{pid}/maps") as f:

@@ -14,7 +14,7 @@ import trio
 
 from actorsys import ConfigError
 from actorsys.evals import DatasetEval, EvalDataset, load_eval_config
-from actorsys.evals.scoring_pool import score_in_workers
+from actorsys.evals.scoring.pool import score_in_workers
 from tests.evals.conftest import running
 from tests.evals.test_dataset_eval import point
 from tests.fakes import ScriptedFleet

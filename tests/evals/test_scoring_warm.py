@@ -27,9 +27,9 @@ from tests.evals.conftest import running
 from tests.evals.test_scoring_cold import ROOT, run_fresh
 from tests.fakes import RecordingEval
 
-SCORER_MODULES = ("actorsys.evals.scorers", "actorsys.evals.miles_rewards",
-                  "actorsys.evals.remote_rm", "actorsys.evals.grading",
-                  "actorsys.evals.scoring_jobs")
+SCORER_MODULES = ("actorsys.evals.scoring.scorers", "actorsys.evals.scoring.miles_rewards",
+                  "actorsys.evals.scoring.remote_rm", "actorsys.evals.scoring.grading",
+                  "actorsys.evals.scoring.jobs")
 
 
 @pytest.mark.timeout(120)
@@ -38,7 +38,7 @@ def test_importing_the_scorers_imports_neither_torch_nor_transformers() -> None:
         f"import importlib, sys\nfor name in {SCORER_MODULES!r}:\n    importlib.import_module(name)\n"
         "print(sorted(m for m in ('torch', 'transformers', 'actorsys.fleet', 'actorsys.snapshot') "
         "if m in sys.modules))\n"
-        "import actorsys.evals.scoring_pool\nprint('torch' in sys.modules)\n"
+        "import actorsys.evals.scoring.pool\nprint('torch' in sys.modules)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=100, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
@@ -56,8 +56,8 @@ def loaded():
 
 async def main():
     import trio
-    from actorsys.evals import scoring_pool
-    from actorsys.evals.grading import Grader
+    from actorsys.evals.scoring import pool as scoring_pool
+    from actorsys.evals.scoring.grading import Grader
     items = [("\\\\boxed{2}", "2", None), ("no", "2", None)] * 40
     scored = await scoring_pool.score_in_workers("math", items, score_timeout=60.0)
     graded = await scoring_pool.score_in_workers(
@@ -98,7 +98,8 @@ import json, multiprocessing, sys
 async def main():
     import trio, trio_parallel
     from actorsys import EvalConfig, EvalSupervisor
-    from actorsys.evals import DatasetEval, EvalDataset, scoring_pool
+    from actorsys.evals import DatasetEval, EvalDataset
+    from actorsys.evals.scoring import pool as scoring_pool
     data = EvalDataset(name="m", records=({"prompt": "p", "label": "2"},), scorer="math",
                        score_timeout=2.0)
     warm = scoring_pool.SCORING_WORKERS

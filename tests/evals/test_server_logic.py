@@ -12,7 +12,7 @@ import trio
 
 from actorsys import ConfigError, EvalSkip, RolloutFnEvalInput
 from actorsys.evals import EvalDataset, ServerEvalFn
-from actorsys.evals.server import ServerClient
+from actorsys.evals.harnesses.server import ServerClient
 from actorsys.fleet import CheckpointRejectedError, SGLangEngine, VLLMEngine
 from tests.fleet.conftest import Handler, Recorder
 

@@ -16,7 +16,7 @@ import trio
 from tests.models import make_model, make_snapshot
 
 if TYPE_CHECKING:
-    from actorsys.fleet.local_engine import LocalEngine
+    from actorsys.fleet.local.engine import LocalEngine
     from tests.fleet.vllm_server import SharedServers, SharedVLLM
 
 VLLM_PYTHON = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"

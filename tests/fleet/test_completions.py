@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from actorsys import EvalSkip, Fleet, SGLangEngine
-from actorsys.fleet.completions import CompletionError, StaleWeightsError, complete
+from actorsys.fleet.clients.completions import CompletionError, StaleWeightsError, complete
 from tests.fleet.conftest import Recorder
 
 

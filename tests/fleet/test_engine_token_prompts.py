@@ -15,7 +15,7 @@ import trio
 from transformers import PreTrainedTokenizerFast
 
 from actorsys._errors import ConfigTypeError
-from actorsys.fleet.completions import complete
+from actorsys.fleet.clients.completions import complete
 from actorsys.fleet.embedded.model import ModelHost
 from actorsys.fleet.embedded.server import EmbeddedEngine
 from tests.chat_models import make_chat_model

@@ -11,7 +11,7 @@ import trio
 
 from actorsys import Fleet, SGLangEngine, VLLMEngine
 from actorsys._errors import ConfigError
-from actorsys.evals._gate import RequestGate
+from actorsys.evals._door.gate import RequestGate
 from actorsys.fleet.local import LocalFleet, embedded, on_host
 from actorsys.watch.fleets import attached_fleets
 from tests.fleet.conftest import Recorder, TinyModels

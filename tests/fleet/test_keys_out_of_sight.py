@@ -11,8 +11,8 @@ import pytest
 
 from actorsys.cli import build_parser
 from actorsys.evals import EvalDataset, ServerEvalFn
+from actorsys.fleet.clients.sglang import SGLangEngine
 from actorsys.fleet.external import ExternalServer
-from actorsys.fleet.sglang import SGLangEngine
 from tests.fleet.conftest import TinyModels
 
 

@@ -15,12 +15,12 @@ import pytest
 import trio
 import trio.testing
 
-from actorsys.fleet import local_start
-from actorsys.fleet._port import held_listener, owns_port
-from actorsys.fleet.errors import EngineUnhealthyError
+from actorsys.fleet._proc.port import held_listener, owns_port
+from actorsys.fleet.clients.sglang import SGLangEngine
 from actorsys.fleet.external import ExternalServer
 from actorsys.fleet.local import FleetStartError, LocalFleet, embedded
-from actorsys.fleet.sglang import SGLangEngine
+from actorsys.fleet.local import start as local_start
+from actorsys.fleet.on_all import EngineUnhealthyError
 from tests.fleet.conftest import TinyModels, kill_and_see_the_port_held
 
 
@@ -106,7 +106,7 @@ async def test_a_router_whose_port_was_taken_gets_nothing_sent_and_the_fleet_fai
 async def test_a_launched_server_whose_port_was_taken_is_sent_no_key(
     tiny: TinyModels, stand_in: StandIn, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from actorsys.fleet import external
+    from actorsys.fleet.external import server as external
 
     monkeypatch.setattr(external, "free_port", lambda: stand_in.port)
     argv = [sys.executable, "-m", "actorsys", "engine", "--model", str(tiny.base),

@@ -20,7 +20,7 @@ import trio.testing
 from actorsys import EvalConfig, EvalSupervisor, Fleet, MemorySink, SGLangEngine
 from actorsys.fleet.embedded.model import ModelHost
 from actorsys.fleet.embedded.server import EmbeddedEngine
-from actorsys.fleet.probe import (
+from actorsys.fleet.pin.probe import (
     PROBE_TOKENS,
     PrefillAnswer,
     Reference,
@@ -31,7 +31,7 @@ from actorsys.fleet.probe import (
     probe_prompts,
     reference_from_logits,
 )
-from actorsys.fleet.reference import ReferenceWorker
+from actorsys.fleet.pin.reference import ReferenceWorker
 from tests.fakes import FakeEngine, RecordingEval
 from tests.fleet.conftest import Recorder, TinyModels
 from tests.models import make_model, make_snapshot

@@ -12,7 +12,7 @@ import psutil
 import pytest
 import trio
 
-from actorsys.fleet._process import spawn
+from actorsys.fleet._proc.process import spawn
 
 pytestmark = pytest.mark.slow
 
@@ -87,7 +87,7 @@ async def test_command_that_dies_is_reported_and_its_pid_is_known() -> None:
 OWNER = textwrap.dedent(
     """
     import sys, time
-    from actorsys.fleet._process import spawn
+    from actorsys.fleet._proc.process import spawn
     process = spawn("tree", [sys.executable, "-c", sys.argv[1]], grace=1.0)
     print(process.pid, flush=True)
     time.sleep(300)

@@ -21,14 +21,14 @@ import trio
 
 from actorsys import EvalConfig, EvalSupervisor, Fleet, MemorySink
 from actorsys.fleet.model_load import load_causal_lm
-from actorsys.fleet.probe import (
+from actorsys.fleet.pin.probe import (
     PROBE_TOKENS,
     WeightsMismatchError,
     prefill_sequences,
     read_probe_prompts,
 )
-from actorsys.fleet.reference import ReferenceWorker
-from actorsys.fleet.verdict import UNVERIFIED_KEY
+from actorsys.fleet.pin.reference import ReferenceWorker
+from actorsys.fleet.pin.verdict import UNVERIFIED_KEY
 from tests.fakes import FakeEngine, RecordingEval
 from tests.fleet.conftest import TinyModels
 

@@ -22,9 +22,9 @@ from actorsys import (
     RolloutFnEvalInput,
     RolloutFnEvalOutput,
 )
-from actorsys.fleet.probe import Reference, WeightsMismatchError, compute_reference
-from actorsys.fleet.reference import ReferenceWorker
-from actorsys.fleet.verdict import PinVerdict, ProbeCancelledError
+from actorsys.fleet.pin.probe import Reference, WeightsMismatchError, compute_reference
+from actorsys.fleet.pin.reference import ReferenceWorker
+from actorsys.fleet.pin.verdict import PinVerdict, ProbeCancelledError
 from tests.fakes import FakeEngine
 from tests.fleet.conftest import TinyModels
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from actorsys.fleet.probe import WeightsMismatchError
-from actorsys.fleet.vllm import RELOAD
+from actorsys.fleet.clients.vllm import RELOAD
+from actorsys.fleet.pin.probe import WeightsMismatchError
 from tests.fleet.conftest import VLLM_TIER, TinyModels, corrupt_copy
 from tests.fleet.pipeline import MAX_TOKENS, assert_pinned, evaluate, pipeline
 from tests.fleet.vllm_server import SharedVLLM

@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 
 from actorsys.evals import EvalDataset, ServerEvalFn
+from actorsys.fleet.clients.vllm import RELOAD, TIED_RELOAD
 from actorsys.fleet.local import vllm
-from actorsys.fleet.vllm import RELOAD, TIED_RELOAD
 from actorsys.fleet.vllm_launch import EXTENSION_FLAG, MIDDLEWARE_FLAG, vllm_command, vllm_launch
 from actorsys.fleet.vllm_worker import API_KEY_MIDDLEWARE, EXTENSION_CLASS, WORKER_DIR
 

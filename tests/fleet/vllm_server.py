@@ -28,8 +28,8 @@ from pathlib import Path
 import httpx
 
 from actorsys import Fleet, VLLMEngine
+from actorsys.fleet.clients.vllm import TIED_RELOAD
 from actorsys.fleet.local import vllm
-from actorsys.fleet.vllm import TIED_RELOAD
 from tests.engine_process import wait_healthy
 from tests.fleet.conftest import VLLM_PYTHON
 

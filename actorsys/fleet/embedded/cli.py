@@ -30,7 +30,7 @@ from hypercorn.asyncio import serve
 from hypercorn.config import Config
 
 from actorsys._flags import EXIT_USAGE, int_at_least
-from actorsys.fleet._port import held_listener, inherited_listener
+from actorsys.fleet._proc.port import held_listener, inherited_listener
 from actorsys.fleet.embedded import API_KEY_ENV
 from actorsys.fleet.embedded.model import ModelHost
 from actorsys.fleet.embedded.server import MAX_BODY_BYTES, EmbeddedEngine

@@ -1,0 +1,3 @@
+"""What to evaluate: datasets, their checks, the YAML eval config, miles' eval flags, and the
+prompts one snapshot is sent.
+"""

@@ -1,0 +1,12 @@
+"""An external server (a vLLM or sglang server outside the pipeline's fleets) as a Fleet
+(:mod:`~actorsys.fleet.external.server`; its ``launch=`` argv: :mod:`~actorsys.fleet.external.launch`)."""
+
+from actorsys.fleet.external.server import (
+    ExternalServer,
+    ManagedProcess,
+)
+
+__all__ = [
+    "ExternalServer",
+    "ManagedProcess",
+]

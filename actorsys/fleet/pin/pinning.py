@@ -1,0 +1,178 @@
+"""The pin of a fleet's engines to one version: health, load, the version read back (retried
+on a mismatch), the weight probe asked with the read-back, the router's health, and the
+verdict once the snapshot's reference is judged against the answers.
+
+:meth:`~actorsys.fleet.fleet.Fleet.pin_and_verify` runs :func:`pin_engines`; the fleet keeps
+its state (``version``, the probe, the reference worker) and hands it in.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import httpx
+import trio
+
+from actorsys._tls import ssl_context
+from actorsys.fleet.on_all import EngineUnhealthyError, PinError, PinViolationError, on_all
+from actorsys.fleet.pin.probe import (
+    Answer,
+    ProbedEngine,
+    Reference,
+    ReferenceFailedError,
+    ReferenceSource,
+    WeightProbe,
+    judge,
+)
+from actorsys.fleet.pin.verdict import PinVerdict, ProbeCancelledError
+from actorsys.fleet.protocol import Engine
+
+__all__ = ["pin_engines"]
+
+
+async def pin_engines(
+    engines: Sequence[Engine],
+    path: str,
+    version: str,
+    *,
+    owner: str,
+    retries: int,
+    weight_probe: WeightProbe,
+    probe: bool,
+    references: ReferenceSource,
+    router_url: str | None,
+    pinned: Callable[[], None],
+    deadline: float = math.inf,
+    task_status: trio.TaskStatus[PinVerdict] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Pin ``engines`` to ``path`` labelled ``version``; call ``pinned`` and start with the
+    :class:`PinVerdict` once every engine reads the version back (and the router, if any, is
+    healthy); settle the verdict from the probe's answers and ``references``' reference within
+    ``deadline``. ``owner`` names the fleet in a cut-off verdict. What it raises and when:
+    :meth:`~actorsys.fleet.fleet.Fleet.pin_and_verify`."""
+    verdict = PinVerdict(version)
+    probed = weight_probe.probed(engines) if probe else []
+    prompts = await weight_probe.prompts(path) if probed else None
+    reference: Reference | ReferenceFailedError | None = None
+    answers: list[Answer | None] | None = None
+    failure: PinError | None = None
+    started = False
+
+    async def compute(prompts: list[list[int]]) -> None:
+        nonlocal reference
+        reference = await weight_probe.reference(references, path, prompts)
+
+    try:
+        async with trio.open_nursery() as nursery:
+            if prompts is not None:
+                nursery.start_soon(compute, prompts)
+            try:
+                answers = await _load_and_read_back(
+                    engines, weight_probe, path, version, retries,
+                    probed if prompts is not None else [], prompts,
+                )
+                if router_url is not None:
+                    await _probe_router(router_url)
+            except PinError as exc:
+                failure = exc
+                nursery.cancel_scope.cancel()
+            else:
+                pinned()
+                started = True
+                task_status.started(verdict)
+                nursery.cancel_scope.deadline = deadline
+    except BaseException:
+        if started:
+            verdict.settle(_cut_off(owner, version))
+        raise
+    if failure is not None:
+        raise failure
+    if nursery.cancel_scope.cancelled_caught:
+        verdict.settle(_cut_off(owner, version))
+    if isinstance(reference, ReferenceFailedError):
+        verdict.settle(None, unverified=f"the snapshot's reference failed: {reference}")
+    elif reference is not None and answers is not None:
+        verdict.settle(judge(probed, answers, reference, version))
+    verdict.settle(None)
+
+
+def _cut_off(owner: str, version: str) -> ProbeCancelledError:
+    return ProbeCancelledError(
+        owner, f"the probe of version {version!r} was cut off before the snapshot's "
+        "reference was ready (the pin deadline, or the pin's owner stopped)"
+    )
+
+
+async def _load_and_read_back(
+    engines: Sequence[Engine],
+    weight_probe: WeightProbe,
+    path: str,
+    version: str,
+    retries: int,
+    probed: Sequence[ProbedEngine] = (),
+    prompts: list[list[int]] | None = None,
+) -> list[Answer | None] | None:
+    """Health, load, version read-back (retried on a mismatch); the ``probed`` engines'
+    answers to ``prompts`` are asked at once with the read-back (both follow the load, so
+    both see the loaded weights) and returned where every version reads back (None
+    without ``prompts``). A version error wins over a probe error; a mismatch that is
+    retried discards the answers."""
+    await on_all(engines, lambda engine: engine.health(), "failed its health check")
+    for attempt in range(retries + 1):
+        await on_all(
+            engines, lambda engine: engine.load_weights(path, version), "refused the load"
+        )
+        asked: list[list[Answer | None] | PinError | None] = [None]
+        # An error raised in a nursery's body leaves it inside an ExceptionGroup: the
+        # read-back's PinError is kept and raised past the nursery, as itself.
+        unread: PinError | None = None
+        async with trio.open_nursery() as nursery:
+            if prompts is not None:
+                nursery.start_soon(_ask, weight_probe, probed, prompts, asked)
+            try:
+                served = await on_all(
+                    engines,
+                    lambda engine: engine.weight_version(),
+                    "could not report its weight version",
+                )
+            except PinError as exc:
+                unread = exc
+                nursery.cancel_scope.cancel()
+            else:
+                wrong = [(e, v) for e, v in zip(engines, served, strict=True) if v != version]
+                if wrong:
+                    nursery.cancel_scope.cancel()
+        if unread is not None:
+            raise unread
+        if not wrong:
+            answers = asked[0]
+            if isinstance(answers, PinError):
+                raise answers
+            return answers
+        if attempt == retries:
+            engine, actual = wrong[0]
+            raise PinViolationError(engine.name, version, actual)
+    raise AssertionError("unreachable")
+
+
+async def _ask(
+    weight_probe: WeightProbe,
+    probed: Sequence[ProbedEngine],
+    prompts: list[list[int]],
+    into: list[list[Answer | None] | PinError | None],
+) -> None:
+    try:
+        into[0] = await weight_probe.ask(probed, prompts)
+    except PinError as exc:
+        into[0] = exc
+
+
+async def _probe_router(router_url: str) -> None:
+    try:
+        async with httpx.AsyncClient(timeout=10.0, verify=ssl_context()) as client:
+            response = await client.get(f"{router_url}/health")
+            response.raise_for_status()
+    except httpx.HTTPError as exc:
+        message = f"{router_url} is not serving: {exc!r}"
+        raise EngineUnhealthyError("router", message) from exc

@@ -1,0 +1,1 @@
+"""Tests of the four actors, one stage each."""

@@ -1,0 +1,1 @@
+"""Tests of the pipeline core: admission, close, supervision, collectives, trio's rules."""

@@ -1,0 +1,1 @@
+"""The examples run as a user runs them."""

@@ -1,0 +1,1 @@
+"""Tests of the weight copy and the snapshot writer."""
