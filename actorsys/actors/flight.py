@@ -1,4 +1,4 @@
-"""The points in flight: one :class:`~actorsys._core.point.Ticket` per admitted step, each holding
+"""The points in flight: one :class:`~actorsys.actors.point.Ticket` per admitted step, each holding
 a slot from admission until the Retirer has deleted its files."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import trio
 
-from actorsys._core.point import Point, State, Ticket
+from actorsys.actors.point import Point, State, Ticket
 
 
 class Flight:

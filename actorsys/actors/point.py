@@ -1,7 +1,7 @@
 """A point: the frozen message the actors pass along, and the one mutable record of it.
 
 A :class:`Point` never changes: each actor forwards a new one (``dataclasses.replace``) with
-what its stage added. The :class:`Ticket` of a point, held by the :class:`~actorsys._core.flight.Flight`,
+what its stage added. The :class:`Ticket` of a point, held by the :class:`~actorsys.actors.flight.Flight`,
 says where the point is now (one :class:`State`), which actor owns it, and whether it was
 dropped; only the owning actor moves it on.
 """

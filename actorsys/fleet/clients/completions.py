@@ -21,53 +21,16 @@ from typing import Any
 import anyio
 import httpx
 
-from actorsys._errors import ConfigError, ConfigTypeError
+from actorsys._errors import BadRequestError, CompletionError, ConfigError, ConfigTypeError, StaleWeightsError
 from actorsys._flags import require_int, require_seconds
 from actorsys._tls import ssl_context
-from actorsys.contracts import EvalSkip
 
 RETRY_INITIAL_DELAY = 0.1
 RETRY_MAX_DELAY = 2.0
 
 
-class CompletionError(EvalSkip):
-    """A completion request failed (no answer within its deadline, an error status, a
-    malformed body). Raised out of an eval fn it skips the point as ``unhealthy``."""
-
-    reason = "unhealthy"
-
-    def __init__(self, url: str, index: int, message: str, *, retryable: bool = True) -> None:
-        super().__init__(type(self).reason, f"prompt {index} at {url}: {message}")
-        self.url = url
-        self.index = index
-        self.retryable = retryable
-
-
-class BadRequestError(CompletionError):
-    """The server refused the request itself (HTTP 4xx: a prompt too long for the model, a
-    value out of range, a wrong key): sending it again cannot help, so it is never retried,
-    and a point whose requests all failed so skips ``bad_request``, not ``unhealthy``."""
-
-    reason = "bad_request"
-
-    def __init__(self, url: str, index: int, message: str) -> None:
-        super().__init__(url, index, message, retryable=False)
-
-
 TRANSIENT_CLIENT_STATUSES = frozenset({408, 429})
 """4xx answers that say "not now" rather than "never": retried like a 5xx."""
-
-
-class StaleWeightsError(CompletionError):
-    """An engine answered with weights other than the pinned version: ``pin_violation``."""
-
-    reason = "pin_violation"
-
-    def __init__(self, url: str, index: int, expected: str, actual: str) -> None:
-        message = f"answered with weight version {actual!r}; the fleet is pinned to {expected!r}"
-        super().__init__(url, index, message, retryable=False)
-        self.expected = expected
-        self.actual = actual
 
 
 @dataclass(frozen=True)
