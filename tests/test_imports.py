@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("actorsys", "bridge")
 
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"_errors", "_files", "_lazy", "_tls", "_flags", "_lock", "_jsonl", "flag_groups",
+    frozenset({"_errors", "_files", "_http", "_lazy", "_tls", "_flags", "_lock", "_jsonl", "flag_groups",
                "runtime"}),
     frozenset({"config", "contracts", "staging"}),
     frozenset({"outcome", "snapshot", "fleet", "sinks", "metrics_file"}),

@@ -104,7 +104,7 @@ def run_case(rank: int, out: str, case: str, steps: int) -> None:
     )
     sink = MemorySink()
     if case == "kill-contributor" and rank == 1:
-        import actorsys._core.contribution as contribution
+        import actorsys._core.collective.contribution as contribution
 
         def die(*args: Any, **kwargs: Any) -> None:
             os._exit(17)

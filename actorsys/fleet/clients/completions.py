@@ -21,13 +21,10 @@ from typing import Any
 import anyio
 import httpx
 
+from actorsys import _http
 from actorsys._errors import BadRequestError, CompletionError, ConfigError, ConfigTypeError, StaleWeightsError
 from actorsys._flags import require_int, require_seconds
-from actorsys._tls import ssl_context
-
-RETRY_INITIAL_DELAY = 0.1
-RETRY_MAX_DELAY = 2.0
-
+from actorsys._http import RETRY_INITIAL_DELAY, RETRY_MAX_DELAY, Backoff  # noqa: F401 - their home before
 
 TRANSIENT_CLIENT_STATUSES = frozenset({408, 429})
 """4xx answers that say "not now" rather than "never": retried like a 5xx."""
@@ -101,17 +98,15 @@ async def complete(
         raise ConfigError(
             "complete(max_tokens)", f"expected one limit per prompt ({len(prompts)}), got {len(limits)}"
         )
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     results: list[Completion | None] = [None] * len(prompts)
     failure: list[CompletionError] = []
     limiter = anyio.Semaphore(concurrency)
 
-    async with httpx.AsyncClient(
-        headers=headers,
+    async with _http.client(
+        api_key=api_key,
         timeout=request_timeout,
         transport=transport,
         limits=httpx.Limits(max_connections=concurrency),
-        verify=ssl_context(),
     ) as client:
         if model is None:
             with anyio.move_on_after(request_timeout):
@@ -142,19 +137,16 @@ async def complete(
             return answer
 
         async def one(index: int, task_group: anyio.abc.TaskGroup) -> None:
-            delay = RETRY_INITIAL_DELAY
             async with limiter:
-                for tried in range(retries + 1):
-                    url = targets[(index + tried) % len(targets)].rstrip("/")
+                async for tried in Backoff():
+                    url = targets[(index + tried - 1) % len(targets)].rstrip("/")
                     try:
                         results[index] = await attempt(index, url)
                         return
                     except CompletionError as exc:
                         error = exc
-                    if not error.retryable or tried == retries:
+                    if not error.retryable or tried > retries:
                         break
-                    await anyio.sleep(delay)
-                    delay = min(delay * 2, RETRY_MAX_DELAY)
             if keep_failures and not isinstance(error, StaleWeightsError):
                 prompt = bodies[index]["prompt"]
                 results[index] = Completion(
