@@ -10,15 +10,14 @@ One root, a flat set of precise meanings; each error carries its context as attr
     │   │                         ``pid`` (the holder's, None if it could not be read)
     │   ├── UnsupportedModelError (snapshot) a model in a form its weights cannot be copied
     │   │                         from (FSDP1, ZeRO-3, quantized); ``form`` names it
-    │   ├── WatchOutInUseError    (watch.lock) another watch holds its OUT: ``path``, ``pid``
-    │   ├── UnsafePathError       (_files) a file of ours is a link, not a regular file,
-    │   │                         another user's, or in a directory every user may write:
-    │   │                         ``path``
-    │   ├── DatasetError          (evals.datasets) a dataset file or eval config is
-    │   │                         unusable: ``path``, ``line``, ``key``
+    │   ├── WatchOutInUseError    (watch) another watch holds its OUT: ``path``, ``pid``
+    │   ├── UnsafePathError       a file of ours is a link, not a regular file, another
+    │   │                         user's, or in a directory every user may write: ``path``
+    │   ├── DatasetError          (evals) a dataset file or eval config is unusable:
+    │   │                         ``path``, ``line``, ``key``
     │   └── ChatTemplateMissingError
-    │                             (fleet.chat_template) the snapshot's tokenizer has no chat
-    │                             template: ``path``; skips with ``no_chat_template``
+    │                             (fleet) the snapshot's tokenizer has no chat template:
+    │                             ``path``; skips with ``no_chat_template``
     ├── SubmitError             (also a ValueError) a submit call was malformed; ``step``;
     │   │                         nothing changed
     │   └── DuplicateStepError    the step was already submitted
@@ -26,46 +25,42 @@ One root, a flat set of precise meanings; each error carries its context as attr
     ├── SupervisorGaveUpError   the actors crashed more than ``max_restarts`` times in
     │                           ``restart_period``; ``__cause__`` is the last crash
     ├── EvalSkip                an eval fn skips its point; ``reason``, ``detail``
-    │   └── CompletionError       (fleet.completions) a completion request failed: ``url``,
-    │       │                     ``index``; ``reason`` unhealthy
+    │   └── CompletionError       (fleet) a completion request failed: ``url``, ``index``;
+    │       │                     ``reason`` unhealthy
     │       ├── BadRequestError     the server refused the request itself (a 4xx), never
     │       │                       retried; ``reason`` bad_request
     │       └── StaleWeightsError   an answer came from other weights: ``expected``, ``actual``;
     │                               ``reason`` pin_violation
-    ├── PinError                (fleet.errors) a pin failed: ``engine``, ``reason``
+    ├── PinError                (fleet) a pin failed: ``engine``, ``reason``
     │   ├── EngineUnhealthyError    unhealthy
     │   │   └── EngineUnauthorizedError  a 401/403: our key is wrong or missing; never
     │   │                             waited on or retried
     │   ├── PinViolationError       pin_violation: ``expected``, ``actual``
-    │   │   └── WeightsMismatchError  (fleet.probe) the right version, other weights:
-    │   │                             ``answer``, ``reference``, ``prompt``, ``position``
+    │   │   └── WeightsMismatchError  the right version, other weights: ``answer``,
+    │   │                             ``reference``, ``prompt``, ``position``
     │   ├── CheckpointRejectedError ckpt_invalid: ``path``
-    │   └── ProbeCancelledError     (fleet.verdict) pin_timeout: the probe was cut off
-    │                               before its answers were judged
-    ├── ReferenceFailedError    (fleet.probe) the probe's reference could not be computed
-    │                           this time; reported on its point, asked again next pin
-    ├── CheckpointMismatchError (also a ValueError; fleet.checkpoint) a checkpoint does not
-    │                           match the served model: ``path``
-    ├── FleetStartError         (also a RuntimeError; fleet.errors) an engine of a local or
-    │                           Ray fleet did not come up
-    ├── ProbeUnsupportedError   (fleet.probe) the engine cannot answer a token probe: the pin
+    │   └── ProbeCancelledError     pin_timeout: the probe was cut off before its answers
+    │                               were judged
+    ├── ReferenceFailedError    (fleet) the probe's reference could not be computed this
+    │                           time; reported on its point, asked again next pin
+    ├── CheckpointMismatchError (also a ValueError; fleet) a checkpoint does not match the
+    │                           served model: ``path``
+    ├── FleetStartError         (also a RuntimeError; fleet) an engine of a local or Ray
+    │                           fleet did not come up
+    ├── ProbeUnsupportedError   (fleet) the engine cannot answer a token probe: the pin
     │                           checks the version only
     ├── ReferenceUnavailableError
-    │                           (fleet.probe) the snapshot cannot give the probe's answer:
-    │                           the pin checks the version only
-    ├── RemoteRewardError       (evals.remote_rm) a reward server gave no usable reward for
-    │                           one answer: it scores 0, counted
-    ├── PeerGoneError           (_core.collective_messages) another rank of a
-    │                           torch.distributed job did not answer within
-    │                           ``collective_timeout``; settles a point as a skip, never
-    │                           raised to the trainer
-    ├── BadRequest              (also a ValueError; fleet.embedded) a request the embedded
-    │   │                         engine refuses, HTTP ``status`` 400; the message names the field
-    │   └── BodyTooLarge          a body over the engine's limit, HTTP 413
-    ├── GenerationFailed        (also a RuntimeError; fleet.embedded.batching) the model
-    │                           raised while generating a batch, HTTP 500
+    │                           (fleet) the snapshot cannot give the probe's answer: the
+    │                           pin checks the version only
+    ├── RemoteRewardError       (evals) a reward server gave no usable reward for one
+    │                           answer: it scores 0, counted
     └── WeightsReleasedError    (also a RuntimeError; snapshot) captured weights were read
                                 after their release
+
+Every class of the tree is defined here, and importable from the modules that raise it.
+Signals that never reach a caller (a request the embedded engine refuses, a rank of a
+collective that stopped answering) are private to the modules that raise and catch them,
+outside this tree.
 
 Every error with a skip reason spells it ``reason``. Failures of an evaluation itself are
 never raised to the trainer: they settle the point as skipped with a reason (see
@@ -73,6 +68,8 @@ never raised to the trainer: they settle the point as skipped with a reason (see
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 
 class ActorsysError(Exception):
@@ -183,3 +180,219 @@ class SupervisorGaveUpError(ActorsysError):
     Points in flight when it stopped settled as ``crashed``. ``drain`` and ``aclose`` still
     return their reports. The last crash is ``__cause__``.
     """
+
+
+class ChatTemplateMissingError(ConfigError):
+    """The snapshot's tokenizer has no chat template, so a chat prompt cannot be rendered for
+    it; ``path`` names the snapshot. An evaluation skips its point with reason
+    ``no_chat_template``; the engine answers 400."""
+
+    reason = "no_chat_template"
+
+    def __init__(self, path: str) -> None:
+        super().__init__(
+            "chat_template",
+            f"the tokenizer of {path} has no chat template (tokenizer_config.json's "
+            "'chat_template' or chat_template.jinja); a chat prompt cannot be rendered for it: "
+            "give the checkpoint its template, or evaluate plain prompts without "
+            "apply_chat_template",
+        )
+        self.path = path
+
+
+class EvalSkip(ActorsysError):  # noqa: N818 - the name is part of the public contract
+    """Raised by an eval fn to skip a point; the outcome is ``skipped`` with ``reason``
+    (``detail``, if given, is the error text)."""
+
+    def __init__(self, reason: str, detail: str | None = None) -> None:
+        if not reason or not isinstance(reason, str):
+            raise ConfigError("EvalSkip(reason)", "reason must be a non-empty string")
+        super().__init__(reason if detail is None else f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+class CompletionError(EvalSkip):
+    """A completion request failed (no answer within its deadline, an error status, a
+    malformed body). Raised out of an eval fn it skips the point as ``unhealthy``."""
+
+    reason = "unhealthy"
+
+    def __init__(self, url: str, index: int, message: str, *, retryable: bool = True) -> None:
+        super().__init__(type(self).reason, f"prompt {index} at {url}: {message}")
+        self.url = url
+        self.index = index
+        self.retryable = retryable
+
+
+class BadRequestError(CompletionError):
+    """The server refused the request itself (HTTP 4xx: a prompt too long for the model, a
+    value out of range, a wrong key): sending it again cannot help, so it is never retried,
+    and a point whose requests all failed so skips ``bad_request``, not ``unhealthy``."""
+
+    reason = "bad_request"
+
+    def __init__(self, url: str, index: int, message: str) -> None:
+        super().__init__(url, index, message, retryable=False)
+
+
+class StaleWeightsError(CompletionError):
+    """An engine answered with weights other than the pinned version: ``pin_violation``."""
+
+    reason = "pin_violation"
+
+    def __init__(self, url: str, index: int, expected: str, actual: str) -> None:
+        message = f"answered with weight version {actual!r}; the fleet is pinned to {expected!r}"
+        super().__init__(url, index, message, retryable=False)
+        self.expected = expected
+        self.actual = actual
+
+
+class PinError(ActorsysError):
+    """A pin failed. ``reason`` is the skip reason; ``engine`` the engine that failed it."""
+
+    reason = "unhealthy"
+
+    def __init__(self, engine: str, message: str) -> None:
+        super().__init__(f"engine {engine!r}: {message}")
+        self.engine = engine
+
+
+class EngineUnhealthyError(PinError):
+    """An engine failed its health check, refused the load, or could not report its version."""
+
+    reason = "unhealthy"
+
+
+class EngineUnauthorizedError(EngineUnhealthyError):
+    """A server refused our requests for want of the right API key (HTTP 401 or 403). It is
+    ``unhealthy`` with the server's message, and never waited on or retried: a key does not
+    become right by asking again, so no readiness wait (``ready_timeout``) or pin retry spends
+    its time on it."""
+
+    reason = "unhealthy"
+
+
+class PinViolationError(PinError):
+    """An engine kept reporting a version other than the one it was asked to load."""
+
+    reason = "pin_violation"
+
+    def __init__(self, engine: str, expected: str, actual: str | None) -> None:
+        super().__init__(engine, f"serves version {actual!r} after loading {expected!r}")
+        self.expected = expected
+        self.actual = actual
+
+
+class WeightsMismatchError(PinViolationError):
+    """An engine reads back the right version but computes something the snapshot does not.
+
+    ``answer`` is the engine's greedy tokens for each probe prompt, ``reference`` the
+    snapshot's; ``prompt`` and ``position`` locate the first clear disagreement, ``gap`` is
+    how far (in log-probability) the snapshot puts the engine's token below its own choice
+    there, and ``margin`` what a near-tie may be. For an engine probed by prefill
+    (``prefill``), ``answer`` and ``reference`` are the log-probabilities of the fixed
+    continuation, and ``prompt``, ``position``, ``gap`` locate their widest difference.
+    """
+
+    def __init__(
+        self,
+        engine: str,
+        version: str,
+        *,
+        answer: list[list[int]] | list[list[float]],
+        reference: list[list[int]] | list[list[float]],
+        prompt: int,
+        position: int,
+        gap: float,
+        margin: float,
+        prefill: bool = False,
+    ) -> None:
+        if prefill:
+            detail = (
+                f"probe sequence {prompt}: the engine's log-probabilities of the fixed "
+                f"continuation {_rounded(answer[prompt])}, the snapshot's "
+                f"{_rounded(reference[prompt])} (token {position} differs by {gap:.3g}; "
+                f"numerics may move one by {margin:.3g})"
+            )
+        else:
+            detail = (
+                f"probe prompt {prompt}, token {position}: the engine answered "
+                f"{answer[prompt]}, the snapshot answers {reference[prompt]} (the engine's "
+                f"token is {gap:.3g} below the snapshot's choice in log-probability; a "
+                f"near-tie is within {margin:.3g})"
+            )
+        PinError.__init__(
+            self,
+            engine,
+            f"reads back version {version!r} but does not serve its weights: {detail}",
+        )
+        self.prefill = prefill
+        self.expected = version
+        self.actual = version
+        self.answer = answer
+        self.reference = reference
+        self.prompt = prompt
+        self.position = position
+        self.gap = gap
+        self.margin = margin
+
+
+class CheckpointRejectedError(PinError):
+    """An engine refused the checkpoint (or it was found unloadable before any engine was
+    asked): missing, incomplete, corrupt, or not the served architecture. The engines keep
+    serving the weights they had."""
+
+    reason = "ckpt_invalid"
+
+    def __init__(self, engine: str, path: str, message: str) -> None:
+        super().__init__(engine, f"rejected checkpoint {path}: {message}")
+        self.path = path
+
+
+class ProbeCancelledError(PinError):
+    """The pin's probe was cut off before its answers could be judged (the pin deadline ran
+    out while the snapshot's reference was computing, or the pin's owner stopped)."""
+
+    reason = "pin_timeout"
+
+
+class ReferenceFailedError(ActorsysError):
+    """The snapshot's answer could not be computed this time (the reference worker crashed or
+    ran out of memory, or transformers failed on the snapshot). The pin reports it on its
+    verdict (``PinVerdict.unverified``), and the next pin asks again."""
+
+
+class CheckpointMismatchError(ActorsysError, ValueError):
+    """A checkpoint cannot be loaded in place of the served one. The message says why."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"{path}: {message}")
+        self.path = path
+
+
+class FleetStartError(ActorsysError, RuntimeError):
+    """A process of a local fleet, or an engine of a Ray fleet, did not come up; the message
+    holds its log's tail."""
+
+
+class ProbeUnsupportedError(ActorsysError):
+    """The engine has no way to answer a token probe (the pin then checks the version only)."""
+
+
+class ReferenceUnavailableError(ActorsysError):
+    """The snapshot has no config to take the probe's prompts from (the pin then checks the
+    version only)."""
+
+
+class RemoteRewardError(ActorsysError):
+    """A reward server gave no usable reward for one answer (it scores 0, counted)."""
+
+
+class WeightsReleasedError(ActorsysError, RuntimeError):
+    """The weights were released while (or before) a writer read them: the export was
+    abandoned, and its buffers may already hold another point's weights."""
+
+
+def _rounded(values: Sequence[float | int]) -> list[float | int]:
+    return [round(v, 2) if isinstance(v, float) else v for v in values]

@@ -7,25 +7,52 @@ already pinned to that checkpoint. Raise :class:`EvalSkip` to skip the point wit
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Protocol
 
-from actorsys._errors import ActorsysError, ConfigError, ConfigTypeError
+from actorsys._errors import (
+    ConfigTypeError,
+    EvalSkip,  # noqa: F401 - defined there, imported from here
+)
 
 Runtime = Literal["trio", "asyncio", "thread"]
 RUNTIMES: tuple[Runtime, ...] = ("trio", "asyncio", "thread")
 
 
-class EvalSkip(ActorsysError):  # noqa: N818 - the name is part of the public contract
-    """Raised by an eval fn to skip a point; the outcome is ``skipped`` with ``reason``
-    (``detail``, if given, is the error text)."""
+class EvalFleet(Protocol):
+    """The fleet an eval fn is handed as ``input.fleet`` (an :class:`actorsys.Fleet`), pinned
+    to the point's checkpoint: ``version`` every engine serves, where to send requests
+    (``base_url``, ``urls``, with ``api_key``), and ``complete``, which checks each answer's
+    version (see ``Fleet.complete``)."""
 
-    def __init__(self, reason: str, detail: str | None = None) -> None:
-        if not reason or not isinstance(reason, str):
-            raise ConfigError("EvalSkip(reason)", "reason must be a non-empty string")
-        super().__init__(reason if detail is None else f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
+    @property
+    def version(self) -> str | None: ...
+
+    @property
+    def urls(self) -> list[str]: ...
+
+    @property
+    def base_url(self) -> str | None: ...
+
+    @property
+    def api_key(self) -> str | None: ...
+
+    async def complete(
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        *,
+        max_tokens: int | Sequence[int] = ...,
+        temperature: float = ...,
+        concurrency: int = ...,
+        request_timeout: float = ...,
+        check_version: bool = ...,
+        model: str | None = ...,
+        api_key: str | None = ...,
+        extra: Mapping[str, Any] | None = ...,
+        retries: int = ...,
+        keep_failures: bool = ...,
+    ) -> list[Any]: ...
 
 
 @dataclass(frozen=True)
@@ -62,7 +89,7 @@ class RolloutFnEvalInput(RolloutFnBaseInput):
 
     weight_version: str | None = None
     hf_dir: str | None = None
-    fleet: Any = None
+    fleet: EvalFleet | None = None
 
     @property
     def evaluation(self) -> bool:
@@ -134,3 +161,12 @@ class CheckpointEvalFn(BaseRolloutFn):
 
     def dispose(self) -> None:
         """Release what the eval fn holds (clients, engines). Called once, at close."""
+
+
+class EvalFn(Protocol):
+    """What ``EvalSupervisor.open(eval_fn=...)`` takes: a :class:`CheckpointEvalFn`, or any
+    object with its ``evaluate_checkpoint(checkpoint_dir, input)`` (``async def``, or a plain
+    ``def`` with ``runtime = "thread"``; ``runtime`` as :class:`CheckpointEvalFn` says)."""
+
+    def evaluate_checkpoint(self, checkpoint_dir: str, input: RolloutFnEvalInput, /) -> Any:  # noqa: A002
+        ...

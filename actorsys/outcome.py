@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
-
-if TYPE_CHECKING:
-    from actorsys.snapshot import PoolStatistics
+from typing import Any, Literal
 
 Status = Literal["ok", "skipped"]
 
@@ -77,6 +74,29 @@ class CloseReport:
     clean: bool
     abandoned: list[int]
     stuck_threads: list[str]
+
+
+@dataclass(frozen=True)
+class PoolStatistics:
+    """The weight buffer pool's statistics (``BufferPool.statistics()``). ``sets``: buffer
+    sets alive or promised to a lease; ``free``: of those, idle and faulted in; ``leases``:
+    leases granted so far; ``allocations``: sets a copy had to allocate itself (a lease that
+    reuses or takes a prepared set allocates nothing); ``prepared``: sets allocated and
+    faulted in ahead of any copy; ``preparing``: preparations under way; ``free_nbytes``:
+    bytes held by idle sets; ``kept``: frozen bases kept across points (a peft model's, 0 or
+    1, one more than ``max_sets``), ``kept_nbytes`` their bytes and ``kept_copied_nbytes`` the
+    bytes copied into them so far (the base once, then only what changed in place)."""
+
+    sets: int
+    free: int
+    leases: int
+    allocations: int
+    free_nbytes: int
+    prepared: int = 0
+    preparing: int = 0
+    kept: int = 0
+    kept_nbytes: int = 0
+    kept_copied_nbytes: int = 0
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
 """The import graph of actorsys and bridge, read from their source: bridge imports nothing
 private of actorsys, no package of actorsys imports another's private modules, bench/ and
-examples/ import nothing private, no module imports one of a higher layer, and no two modules
-import each other, directly or through others."""
+examples/ import nothing private, no module imports one of a higher layer, the contracts import
+only contracts (and the shared leaves), the actors nothing of the core, and no two modules
+import each other, directly or through others, type-only imports (under ``TYPE_CHECKING``)
+counted."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("actorsys", "bridge")
 
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"_errors", "_files", "_lazy", "_tls", "_flags", "_lock", "_jsonl", "flag_groups",
+    frozenset({"_errors", "_files", "_http", "_lazy", "_tls", "_flags", "_lock", "_jsonl", "flag_groups",
                "runtime"}),
     frozenset({"config", "contracts", "staging"}),
     frozenset({"outcome", "snapshot", "fleet", "sinks", "metrics_file"}),
@@ -229,8 +231,25 @@ def test_no_module_imports_one_of_a_higher_layer() -> None:
     assert upward == set()
 
 
-def test_no_import_cycle_between_modules() -> None:
-    graph = {name: imports(name, type_checking=False) for name in MODULES}
+CONTRACTS = frozenset({"config", "contracts", "outcome", "staging"})
+"""The contracts every feature builds on: what a caller passes in and gets back."""
+
+
+def test_contracts_import_only_contracts_and_the_shared_leaves() -> None:
+    leaves = LAYERS[0] - {"runtime"}
+    wrong = imports_where("actorsys", lambda name, target: unit(name) in CONTRACTS
+                          and unit(target) not in CONTRACTS | leaves)
+    assert wrong == set()
+
+
+def test_the_actors_import_nothing_of_the_core() -> None:
+    wrong = imports_where("actorsys", lambda name, target: unit(name) == "actors"
+                          and unit(target) == "_core")
+    assert wrong == set()
+
+
+def test_no_import_cycle_between_modules_type_only_imports_counted() -> None:
+    graph = {name: imports(name, type_checking=True) for name in MODULES}
     assert cycles(graph) == []
 
 
@@ -238,11 +257,11 @@ def test_the_cycle_check_finds_a_cycle_through_a_third_module() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-def test_the_cycle_check_reads_imports_in_functions_but_not_under_type_checking() -> None:
+def test_the_import_reader_sees_imports_in_functions_and_under_type_checking() -> None:
     source = (
         "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n"
-        "    import never_run\n"
+        "    import type_only\n"
         "def f():\n"
         "    try:\n"
         "        from in_function import x\n"
@@ -251,12 +270,21 @@ def test_the_cycle_check_reads_imports_in_functions_but_not_under_type_checking(
         "class C:\n"
         "    import in_class\n"
     )
-    found = {
-        alias.name if isinstance(node, ast.Import) else node.module
-        for node in _statements(ast.parse(source).body, type_checking=False)
-        for alias in node.names
-    }
-    assert found == {"typing", "in_function", "in_handler", "in_class"}
+
+    def found(type_checking: bool) -> set[str | None]:
+        return {
+            alias.name if isinstance(node, ast.Import) else node.module
+            for node in _statements(ast.parse(source).body, type_checking=type_checking)
+            for alias in node.names
+        }
+
+    assert found(False) == {"typing", "in_function", "in_handler", "in_class"}
+    assert found(True) == {"typing", "type_only", "in_function", "in_handler", "in_class"}
+
+
+def test_the_layer_checks_see_a_contract_or_an_actor_reaching_too_far() -> None:
+    assert unit("actorsys.outcome") in CONTRACTS and unit("actorsys.snapshot._capture") not in CONTRACTS
+    assert unit("actorsys.actors.exporter") == "actors" and unit("actorsys._core.disk_room") == "_core"
 
 
 @pytest.mark.timeout(60)

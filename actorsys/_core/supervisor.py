@@ -22,7 +22,7 @@ import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from functools import partial
-from typing import Any, Unpack
+from typing import Unpack
 
 import torch
 import trio
@@ -38,6 +38,7 @@ from actorsys._core.supervisor_start import join_collective, release_claim, run_
 from actorsys._core.wiring import Wiring, check_collaborators, wire
 from actorsys._errors import SupervisorClosedError
 from actorsys.config import EvalConfig
+from actorsys.contracts import EvalFn
 from actorsys.fleet import Fleet
 from actorsys.outcome import CloseReport, DrainReport, SupervisorStatistics
 from actorsys.runtime import ThreadTracker
@@ -60,7 +61,7 @@ class EvalSupervisor:
         self,
         config: EvalConfig,
         *,
-        eval_fn: Any,
+        eval_fn: EvalFn,
         fleet: Fleet | Sequence[Fleet] | None = None,
         sink: Sink | Sequence[Sink] | None = None,
     ) -> None:
@@ -79,7 +80,7 @@ class EvalSupervisor:
         cls,
         config: EvalConfig,
         *,
-        eval_fn: Any,
+        eval_fn: EvalFn,
         fleet: Fleet | Sequence[Fleet] | None = None,
         sink: Sink | Sequence[Sink] | None = None,
     ) -> AsyncIterator[EvalSupervisor]:

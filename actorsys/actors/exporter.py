@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import trio
 
 from actorsys import staging
-from actorsys._core.disk_room import DiskRoom
-from actorsys._core.flight import Flight
-from actorsys._core.point import Point, Source, State
+from actorsys.actors.flight import Flight
+from actorsys.actors.point import Point, Source, State
 from actorsys.actors.retirer import Retirer
 from actorsys.actors.stage import Done, Result, SequentialStage, Skip, within
 from actorsys.config import EvalConfig
@@ -32,6 +31,13 @@ from actorsys.snapshot import write_snapshot
 NAME = "exporter"
 
 T = TypeVar("T")
+
+
+class DiskAccount(Protocol):
+    """What the Exporter tells the admission's account of the staging disk (the supervisor's
+    ``DiskRoom`` is one): the bytes of an admitted point that will not be written any more."""
+
+    def left(self, nbytes: int) -> None: ...
 
 
 class Exporter(SequentialStage):
@@ -48,7 +54,7 @@ class Exporter(SequentialStage):
         staging_dir: str | None,
         tracker: ThreadTracker,
         *,
-        disk: DiskRoom | None = None,
+        disk: DiskAccount | None = None,
     ) -> None:
         super().__init__(flight, retirer)
         self.config = config

@@ -1,6 +1,6 @@
 """FleetPinner: owns the idle fleets; lends one to each point and pins it to the point's version.
 
-A fleet is idle only while no point holds its :class:`~actorsys._core.point.FleetLease`: the
+A fleet is idle only while no point holds its :class:`~actorsys.actors.point.FleetLease`: the
 pinner lends it when it takes the next point, and gets it back over the fleet pool's channel
 (the supervisor owns it; whoever holds the point when it is done with it sends the fleet back,
 :func:`give_back`): the EvalRunner after the evaluation, or the pinner itself when the pin
@@ -24,8 +24,8 @@ from collections.abc import Sequence
 
 import trio
 
-from actorsys._core.flight import Flight
-from actorsys._core.point import FleetLease, Point, State, Ticket
+from actorsys.actors.flight import Flight
+from actorsys.actors.point import FleetLease, Point, State, Ticket
 from actorsys.actors.retirer import Retirer
 from actorsys.actors.stage import Done, Result, SequentialStage, Skip
 from actorsys.config import EvalConfig

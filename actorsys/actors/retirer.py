@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import trio
 
 from actorsys import staging
-from actorsys._core.flight import Flight
-from actorsys._core.point import Point, State, Ticket
+from actorsys.actors.flight import Flight
+from actorsys.actors.point import Point, State, Ticket
 from actorsys.config import EvalConfig
 from actorsys.outcome import LAG_STEPS, Outcome
 from actorsys.runtime import ThreadTracker, run_blocking

@@ -13,9 +13,9 @@ from typing import Any
 
 import trio
 
-from actorsys._core.flight import Flight
-from actorsys._core.point import Point, State, Ticket
+from actorsys.actors.flight import Flight
 from actorsys.actors.pinner import give_back
+from actorsys.actors.point import Point, State, Ticket
 from actorsys.actors.retirer import Retirer
 from actorsys.actors.stage import Done, Result, Skip, Stage, within
 from actorsys.config import EvalConfig

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from actorsys._core.flight import Flight
-from actorsys._core.point import Point, State, Ticket
+from actorsys.actors.flight import Flight
+from actorsys.actors.point import Point, State, Ticket
 
 if TYPE_CHECKING:
     from actorsys.actors.retirer import Retirer

@@ -21,8 +21,39 @@ from typing import TYPE_CHECKING
 
 from actorsys._lazy import lazy_names
 
-if TYPE_CHECKING:
-    from actorsys.evals.data.dataset import DatasetError, EvalDataset
+PUBLIC: dict[str, str] = {
+    "DatasetError": "actorsys._errors",
+    "DatasetEval": "actorsys.evals.harnesses.dataset_eval",
+    "EvalDataset": "actorsys.evals.data.dataset",
+    "InspectTasks": "actorsys.evals.harnesses.inspect_tasks",
+    "LmEvalTasks": "actorsys.evals.harnesses.lm_eval_tasks",
+    "OpenAIEvalFn": "actorsys.evals.harnesses.openai_eval",
+    "SCORERS": "actorsys.evals.scoring.builtin",
+    "ServerEvalFn": "actorsys.evals.harnesses.server",
+    "datasets_from_args": "actorsys.evals.data.flags",
+    "load_eval_config": "actorsys.evals.data.eval_config",
+    "score": "actorsys.evals.scoring.scorers",
+}
+"""Each public name of ``actorsys.evals`` and the module that defines it (as in ``actorsys``)."""
+
+__all__ = [  # sorted(PUBLIC), spelled out for static tools (mkdocstrings); the tests check it
+    "DatasetError",
+    "DatasetEval",
+    "EvalDataset",
+    "InspectTasks",
+    "LmEvalTasks",
+    "OpenAIEvalFn",
+    "SCORERS",
+    "ServerEvalFn",
+    "datasets_from_args",
+    "load_eval_config",
+    "score",
+]
+__getattr__, __dir__ = lazy_names(__name__, PUBLIC)
+
+if TYPE_CHECKING:  # the same names, for type checkers (tests/test_public_api.py checks them)
+    from actorsys._errors import DatasetError
+    from actorsys.evals.data.dataset import EvalDataset
     from actorsys.evals.data.eval_config import load_eval_config
     from actorsys.evals.data.flags import datasets_from_args
     from actorsys.evals.harnesses.dataset_eval import DatasetEval
@@ -30,35 +61,5 @@ if TYPE_CHECKING:
     from actorsys.evals.harnesses.lm_eval_tasks import LmEvalTasks
     from actorsys.evals.harnesses.openai_eval import OpenAIEvalFn
     from actorsys.evals.harnesses.server import ServerEvalFn
-    from actorsys.evals.scoring.scorers import SCORERS, score
-
-__all__ = [
-    "SCORERS",
-    "DatasetError",
-    "DatasetEval",
-    "EvalDataset",
-    "InspectTasks",
-    "LmEvalTasks",
-    "OpenAIEvalFn",
-    "ServerEvalFn",
-    "datasets_from_args",
-    "load_eval_config",
-    "score",
-]
-
-__getattr__, __dir__ = lazy_names(
-    __name__,
-    {
-        "DatasetError": "actorsys.evals.data.dataset",
-        "DatasetEval": "actorsys.evals.harnesses.dataset_eval",
-        "EvalDataset": "actorsys.evals.data.dataset",
-        "InspectTasks": "actorsys.evals.harnesses.inspect_tasks",
-        "LmEvalTasks": "actorsys.evals.harnesses.lm_eval_tasks",
-        "OpenAIEvalFn": "actorsys.evals.harnesses.openai_eval",
-        "SCORERS": "actorsys.evals.scoring.scorers",
-        "ServerEvalFn": "actorsys.evals.harnesses.server",
-        "datasets_from_args": "actorsys.evals.data.flags",
-        "load_eval_config": "actorsys.evals.data.eval_config",
-        "score": "actorsys.evals.scoring.scorers",
-    },
-)
+    from actorsys.evals.scoring.builtin import SCORERS
+    from actorsys.evals.scoring.scorers import score

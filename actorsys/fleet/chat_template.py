@@ -24,29 +24,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from actorsys._errors import ConfigError
+from actorsys._errors import ChatTemplateMissingError
 
 Messages = Sequence[Mapping[str, Any]]
 """A conversation: OpenAI-style message dicts (``role``, ``content``, and what the template
 understands, such as ``tool_calls`` or ``reasoning_content``)."""
-
-
-class ChatTemplateMissingError(ConfigError):
-    """The snapshot's tokenizer has no chat template, so a chat prompt cannot be rendered for
-    it; ``path`` names the snapshot. An evaluation skips its point with reason
-    ``no_chat_template``; the engine answers 400."""
-
-    reason = "no_chat_template"
-
-    def __init__(self, path: str) -> None:
-        super().__init__(
-            "chat_template",
-            f"the tokenizer of {path} has no chat template (tokenizer_config.json's "
-            "'chat_template' or chat_template.jinja); a chat prompt cannot be rendered for it: "
-            "give the checkpoint its template, or evaluate plain prompts without "
-            "apply_chat_template",
-        )
-        self.path = path
 
 
 @dataclass(frozen=True)

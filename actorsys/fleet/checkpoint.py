@@ -19,7 +19,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from actorsys._errors import ActorsysError
+from actorsys._errors import CheckpointMismatchError
 from actorsys.staging import COMPLETE
 
 CONFIG = "config.json"
@@ -44,14 +44,6 @@ DTYPE_BYTES = {
     "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8,
 }
 MAX_HEADER_BYTES = 100 * 1024 * 1024
-
-
-class CheckpointMismatchError(ActorsysError, ValueError):
-    """A checkpoint cannot be loaded in place of the served one. The message says why."""
-
-    def __init__(self, path: str, message: str) -> None:
-        super().__init__(f"{path}: {message}")
-        self.path = path
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
-"""What a pin fails with (and a fleet's start), and the one way a fleet calls every engine
-at once.
+"""The one way a fleet calls every engine at once, and what a pin fails with (defined in
+:mod:`actorsys._errors`, importable here).
 
-These sit below both :mod:`actorsys.fleet.fleet` (the Fleet) and :mod:`actorsys.fleet.pin.probe`
-(the weight probe the Fleet runs), so neither needs the other's errors.
+This sits below both :mod:`actorsys.fleet.fleet` (the Fleet) and :mod:`actorsys.fleet.pin.probe`
+(the weight probe the Fleet runs), so neither needs the other.
 """
 
 from __future__ import annotations
@@ -12,62 +12,16 @@ from typing import Protocol, TypeVar
 
 import trio
 
-from actorsys._errors import ActorsysError
+from actorsys._errors import (  # noqa: F401 - defined there, imported from here
+    CheckpointRejectedError,
+    EngineUnauthorizedError,
+    EngineUnhealthyError,
+    FleetStartError,
+    PinError,
+    PinViolationError,
+)
 
 T = TypeVar("T")
-
-
-class PinError(ActorsysError):
-    """A pin failed. ``reason`` is the skip reason; ``engine`` the engine that failed it."""
-
-    reason = "unhealthy"
-
-    def __init__(self, engine: str, message: str) -> None:
-        super().__init__(f"engine {engine!r}: {message}")
-        self.engine = engine
-
-
-class EngineUnhealthyError(PinError):
-    """An engine failed its health check, refused the load, or could not report its version."""
-
-    reason = "unhealthy"
-
-
-class EngineUnauthorizedError(EngineUnhealthyError):
-    """A server refused our requests for want of the right API key (HTTP 401 or 403). It is
-    ``unhealthy`` with the server's message, and never waited on or retried: a key does not
-    become right by asking again, so no readiness wait (``ready_timeout``) or pin retry spends
-    its time on it."""
-
-    reason = "unhealthy"
-
-
-class FleetStartError(ActorsysError, RuntimeError):
-    """A process of a local fleet, or an engine of a Ray fleet, did not come up; the message
-    holds its log's tail."""
-
-
-class PinViolationError(PinError):
-    """An engine kept reporting a version other than the one it was asked to load."""
-
-    reason = "pin_violation"
-
-    def __init__(self, engine: str, expected: str, actual: str | None) -> None:
-        super().__init__(engine, f"serves version {actual!r} after loading {expected!r}")
-        self.expected = expected
-        self.actual = actual
-
-
-class CheckpointRejectedError(PinError):
-    """An engine refused the checkpoint (or it was found unloadable before any engine was
-    asked): missing, incomplete, corrupt, or not the served architecture. The engines keep
-    serving the weights they had."""
-
-    reason = "ckpt_invalid"
-
-    def __init__(self, engine: str, path: str, message: str) -> None:
-        super().__init__(engine, f"rejected checkpoint {path}: {message}")
-        self.path = path
 
 
 class Named(Protocol):

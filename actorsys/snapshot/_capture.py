@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from actorsys._errors import ActorsysError
+from actorsys._errors import WeightsReleasedError
 from actorsys.snapshot import _conversions
 from actorsys.snapshot._adapters.kept import KeptBase
 from actorsys.snapshot._adapters.merge import assemble
@@ -20,12 +20,7 @@ from actorsys.snapshot._state import Source, StatePlan, plan_state
 from actorsys.snapshot._state_plan import aligned, tensor_nbytes
 
 if TYPE_CHECKING:
-    from actorsys.snapshot._sharded.write import Handover, Sharding
-
-
-class WeightsReleasedError(ActorsysError, RuntimeError):
-    """The weights were released while (or before) a writer read them: the export was
-    abandoned, and its buffers may already hold another point's weights."""
+    from actorsys.snapshot._sharded.plan import Handover, Sharding
 
 
 class CapturedWeights:

@@ -14,13 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from actorsys.snapshot._pool.memory import ALIGNMENT, aligned  # noqa: F401 (their home before)
 from actorsys.snapshot._write.safetensors import DTYPE_NAMES
 
 if TYPE_CHECKING:
     from actorsys.snapshot._adapters.merge import AdapterPlan
-
-ALIGNMENT = 64
-"""Byte alignment of every tensor inside a buffer set (any dtype can be viewed there)."""
 
 Source = torch.nn.Module | Mapping[str, torch.Tensor]
 
@@ -58,10 +56,6 @@ def compiled_key(name: str) -> str:
 
 def tensor_nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
-
-
-def aligned(nbytes: int) -> int:
-    return -(-nbytes // ALIGNMENT) * ALIGNMENT
 
 
 def _check_entry(name: str, value: object) -> None:

@@ -1,5 +1,5 @@
 """A contributor rank trusts nothing the job's store holds: a malformed or crafted message is
-a clean skip (``PeerGoneError``), never a write outside ``hf_dir`` or a JSON error in the
+a clean skip (``_PeerGoneError``), never a write outside ``hf_dir`` or a JSON error in the
 trainer's ``submit``."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from actorsys import EvalConfig
-from actorsys._core.collective.protocol import Collective, PeerGoneError
+from actorsys._core.collective.protocol import Collective, _PeerGoneError
 from actorsys.snapshot._sharded.write import Piece, Sharding, write_pieces
 
 
@@ -34,7 +34,7 @@ def test_a_malformed_decision_is_a_skip_not_an_error_in_submit(
 ) -> None:
     collective, store = contributor(tmp_path)
     store.set("decision/0", message)
-    with pytest.raises(PeerGoneError, match="malformed"):
+    with pytest.raises(_PeerGoneError, match="malformed"):
         collective.wait_decision()
 
 
@@ -64,7 +64,7 @@ def test_a_crafted_ready_message_is_refused(tmp_path: Path, ready: str) -> None:
     collective, store = contributor(tmp_path)
     hf = str(tmp_path / "hf")
     store.set("ready/1", ready.replace("{hf}", hf))
-    with pytest.raises(PeerGoneError, match="malformed"):
+    with pytest.raises(_PeerGoneError, match="malformed"):
         collective.wait_ready(1, lambda: None)
 
 

@@ -15,7 +15,8 @@ import trio
 
 from actorsys._core.admission import Reservation
 from actorsys._core.collective.admission import contributor_verdict
-from actorsys._core.collective.protocol import Collective, Decision, PeerGoneError
+from actorsys._core.collective.messages import _PeerGoneError
+from actorsys._core.collective.protocol import Collective, Decision
 from actorsys._core.point import Point, Source
 from actorsys._core.submit import SubmitRequest
 from actorsys._errors import SubmitError, SupervisorClosedError
@@ -142,7 +143,7 @@ class Contribution:
                 limiter=trio.CapacityLimiter(1), description=f"decision on step {step}",
                 tracker=self.tracker,
             )
-        except PeerGoneError as exc:
+        except _PeerGoneError as exc:
             log.warning("step %s not admitted: %s", step, exc)
             return None
 

@@ -1,7 +1,7 @@
 """The messages ranks leave in the job's store for a collective submit, and their checks.
 
 Every message another rank wrote is untrusted: one that is not JSON, not UTF-8, not of the
-expected shape, or that names a file outside ``hf_dir`` is a :class:`PeerGoneError` (a skip),
+expected shape, or that names a file outside ``hf_dir`` is a :class:`_PeerGoneError` (a skip),
 never a traceback or a write elsewhere. The protocol that exchanges them is
 :mod:`actorsys._core.collective.protocol`.
 """
@@ -13,10 +13,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from actorsys._errors import ActorsysError
 
-
-class PeerGoneError(ActorsysError):
+class _PeerGoneError(Exception):
     """Another rank did not answer within ``collective_timeout`` (it died, hung or closed),
     or the job's store held a malformed message where its answer belongs (not JSON, not
     UTF-8, not the expected shape, or a file outside ``hf_dir``): either way a skip."""
@@ -25,9 +23,9 @@ class PeerGoneError(ActorsysError):
 MAX_MESSAGE_EXCERPT = 80
 
 
-def malformed(key: str, text: object, problem: str) -> PeerGoneError:
+def malformed(key: str, text: object, problem: str) -> _PeerGoneError:
     excerpt = repr(text)[:MAX_MESSAGE_EXCERPT]
-    return PeerGoneError(f"the message {key!r} in the job's store is malformed ({problem}): "
+    return _PeerGoneError(f"the message {key!r} in the job's store is malformed ({problem}): "
                          f"{excerpt}")
 
 
@@ -46,7 +44,7 @@ def inside(path: str, root: str) -> bool:
 
 def checked_ready(key: str, ready: Any, hf_dir: str | None) -> tuple[str, dict[str, dict[str, int]]]:
     """The ``ready/<step>`` message ``ready`` (parsed JSON, not None) as (directory, starts),
-    or :class:`PeerGoneError`: the directory must lie inside ``hf_dir``, every file name be a
+    or :class:`_PeerGoneError`: the directory must lie inside ``hf_dir``, every file name be a
     plain name of that directory, every start a non-negative integer. (The writer checks
     that each range ends inside its file.)"""
     if not isinstance(ready, dict) or not isinstance(ready.get("directory"), str):

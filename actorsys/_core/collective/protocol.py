@@ -53,17 +53,17 @@ from actorsys import staging
 from actorsys._core.collective.handover import SettleNotes, StoreHandover
 from actorsys._core.collective.messages import (
     Decision,
-    PeerGoneError,
+    _PeerGoneError,
     checked_ready,
     parse_decision,
     parse_json,
 )
-from actorsys._core.collective.store import own_client, wait_for
+from actorsys._core.collective.store import JobStore, Keys, own_client
 from actorsys._errors import ConfigError
 from actorsys.config import EvalConfig
 from actorsys.sinks import Sink
 
-__all__ = ["Collective", "Decision", "PeerGoneError", "StoreHandover", "is_collective_job"]
+__all__ = ["Collective", "Decision", "StoreHandover", "is_collective_job"]
 
 log = logging.getLogger("actorsys")
 
@@ -88,7 +88,7 @@ class Collective:
         self.world = world
         self.eval_rank = config.eval_rank
         self.timeout = config.collective_timeout
-        self._store = store
+        self._store = JobStore(store, timeout=self.timeout, eval_rank=self.eval_rank)
         self._submits = itertools.count()
         self._outbox: queue.SimpleQueue[tuple[str, str] | None] = queue.SimpleQueue()
         self._messenger: threading.Thread | None = None
@@ -131,7 +131,7 @@ class Collective:
     def close(self) -> None:
         """The evaluating rank closed: tell the others, stop the messenger. Never blocks."""
         if self._messenger is not None:
-            self._outbox.put(("closed", "1"))
+            self._outbox.put((Keys.CLOSED, "1"))
             self._outbox.put(None)
 
     def _meet_as_evaluator(self) -> None:
@@ -142,34 +142,34 @@ class Collective:
         if check is not None:
             with open(check, "w", encoding="utf-8") as f:
                 f.write(token)
-        self._store.set("open", json.dumps({"token": token, "hf_dir": path}))
+        self._store.set(Keys.OPEN, json.dumps({"token": token, "hf_dir": path}))
         try:
             problems = []
             for rank in range(self.world):
                 if rank != self.rank:
-                    seen = self._wait_for(f"seen/{rank}", f"rank {rank} to open its supervisor")
+                    seen = self._wait_for(Keys.seen(rank), f"rank {rank} to open its supervisor")
                     if seen != "ok":
                         problems.append(seen)
-        except PeerGoneError as exc:
+        except _PeerGoneError as exc:
             problems = [str(exc)]
         finally:
             if check is not None:
                 os.remove(check)
         verdict = "ok" if not problems else "; ".join(problems) + _HF_DIR_RULE
-        self._store.set("verdict", verdict)
+        self._store.set(Keys.VERDICT, verdict)
         if problems:
             raise ConfigError("hf_dir", verdict)
 
     def _meet_as_contributor(self) -> None:
         what = f"the evaluating rank {self.eval_rank} to open its supervisor"
         try:
-            opened = json.loads(self._wait_for("open", what))
-        except PeerGoneError as exc:
+            opened = json.loads(self._wait_for(Keys.OPEN, what))
+        except _PeerGoneError as exc:
             raise ConfigError("eval_rank", f"{exc}; every rank opens one with the same config") from exc
-        self._store.set(f"seen/{self.rank}", self._check_hf_dir(opened))
+        self._store.set(Keys.seen(self.rank), self._check_hf_dir(opened))
         try:
-            verdict = self._wait_for("verdict", what)
-        except PeerGoneError as exc:
+            verdict = self._wait_for(Keys.VERDICT, what)
+        except _PeerGoneError as exc:
             raise ConfigError("eval_rank", str(exc)) from exc
         if verdict != "ok":
             raise ConfigError("hf_dir", verdict)
@@ -196,28 +196,28 @@ class Collective:
     def decided(self, step: int, admitted: bool, error: str | None = None) -> None:
         """Publish the admission answer to this rank's next submit. Never blocks."""
         seq = next(self._submits)
-        self._outbox.put((f"decision/{seq}", json.dumps([step, admitted, error], default=repr)))
+        self._outbox.put((Keys.decision(seq), json.dumps([step, admitted, error], default=repr)))
 
     def settled(self, step: int) -> None:
         """The point of ``step`` left the pipeline (or was never launched). Never blocks."""
-        self._outbox.put((f"settled/{step}", "1"))
+        self._outbox.put((Keys.settled(step), "1"))
 
     def handover(self, step: int) -> StoreHandover:
-        return StoreHandover(self, step)
+        return StoreHandover(self._store, step, rank=self.rank, world=self.world)
 
     def observe(self, sink: Sink) -> Sink:
         """``sink``, and every outcome it records noted as settled for the other ranks."""
-        return SettleNotes(sink, self)
+        return SettleNotes(sink, self.settled)
 
     def _send_messages(self) -> None:
-        store = own_client(self._store)
+        store = own_client(self._store.raw)
         beat = 0
         next_beat = time.monotonic()
         while True:
             try:
                 message = self._outbox.get(timeout=max(0.0, next_beat - time.monotonic()))
             except queue.Empty:
-                message = ("beat", str(beat := beat + 1))
+                message = (Keys.BEAT, str(beat := beat + 1))
                 next_beat = time.monotonic() + HEARTBEAT_SECONDS
             if message is None:
                 return
@@ -230,9 +230,9 @@ class Collective:
 
     def wait_decision(self) -> Decision:
         """The evaluating rank's answer to this rank's next submit. Raises
-        :class:`PeerGoneError` once it stopped beating (or closed)."""
+        :class:`_PeerGoneError` once it stopped beating (or closed)."""
         seq = next(self._submits)
-        key = f"decision/{seq}"
+        key = Keys.decision(seq)
         return parse_decision(key, self._wait_for(key, "its admission decision", alive=True))
 
     def wait_ready(
@@ -240,11 +240,11 @@ class Collective:
     ) -> tuple[str, dict[str, dict[str, int]]] | None:
         """Where to write the shards of ``step``; None if the point left the pipeline first."""
         text = self._wait_for(
-            f"ready/{step}", f"the export of step {step}", alive=True, gone=f"settled/{step}", check=check
+            Keys.ready(step), f"the export of step {step}", alive=True, gone=Keys.settled(step), check=check
         )
         if text is None:
             return None
-        key = f"ready/{step}"
+        key = Keys.ready(step)
         ready = parse_json(key, text)
         if ready is None:
             return None
@@ -252,13 +252,13 @@ class Collective:
         return checked_ready(key, ready, None if staging_dir is None else os.path.abspath(staging_dir))
 
     def contributed(self, step: int, error: str | None) -> None:
-        self._store.set(f"done/{step}/{self.rank}", error or "ok")
+        self._store.set(Keys.done(step, self.rank), error or "ok")
 
     # -- waiting ---------------------------------------------------------------------------
 
     def _wait_for(self, key: str, what: str, **how: Any) -> Any:
-        """:func:`~actorsys._core.collective.store.wait_for` on this job's store."""
-        return wait_for(self._store, key, what, timeout=self.timeout, eval_rank=self.eval_rank, **how)
+        """:meth:`JobStore.wait_for` on this job's store."""
+        return self._store.wait_for(key, what, **how)
 
 
 _HF_DIR_RULE = (

@@ -20,11 +20,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-import httpx
 import trio
 
+from actorsys import _http
 from actorsys._errors import ConfigError
-from actorsys._tls import ssl_context
 from actorsys.evals._door.gate import GateStatistics, RequestGate
 from actorsys.fleet.clients.completions import served_model
 
@@ -86,6 +85,5 @@ def fleet_upstreams(fleet: Any, who: str) -> list[str]:
 
 async def served_model_name(url: str, api_key: str | None) -> str | None:
     """The model name the server at ``url`` serves (``/v1/models``), or None."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    async with httpx.AsyncClient(timeout=10.0, verify=ssl_context(), headers=headers) as client:
+    async with _http.client(timeout=10.0, api_key=api_key) as client:
         return await served_model(client, url.rstrip("/"))

@@ -46,7 +46,7 @@ import h11
 import httpx
 import trio
 
-from actorsys._tls import ssl_context
+from actorsys import _http
 from actorsys.evals._door.http_wire import (
     closing_answer,
     error_body,
@@ -137,7 +137,7 @@ class RequestGate:
         """Listen on a free port of 127.0.0.1 (only this host's harness talks to it), report
         the gate's URL, serve until cancelled."""
         async with (
-            httpx.AsyncClient(timeout=None, verify=ssl_context(), transport=self._transport) as client,
+            _http.client(timeout=None, transport=self._transport) as client,
             trio.open_nursery() as nursery,
         ):
             listeners = await nursery.start(
@@ -259,7 +259,7 @@ class RequestGate:
         if self.expected_version is not None:
             headers[VERSION_HEADER] = self.expected_version
         if self._api_key is not None:
-            headers["authorization"] = f"Bearer {self._api_key}"
+            headers.update((k.lower(), v) for k, v in _http.auth_headers(self._api_key).items())
         self._forwarded += 1
         try:
             response = await client.request(method, url, content=body, headers=headers)

@@ -13,7 +13,7 @@ import importlib.util
 import json
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from actorsys._errors import ConfigError, DatasetError
 from actorsys.evals.scoring.builtin import base_scorer, choice_index, needs_math, parse_number
@@ -23,11 +23,48 @@ from actorsys.evals.scoring.pool import pickling_problem
 from actorsys.evals.scoring.scorers import Scorer, check_scorer
 from actorsys.fleet.chat_template import check_messages, check_tools
 
-if TYPE_CHECKING:
-    from actorsys.evals.data.dataset import EvalDataset
+
+class DatasetSettings(Protocol):
+    """The settings of a dataset these checks read (an :class:`~actorsys.evals.EvalDataset`'s
+    fields; the checks run on the values given, whatever their type)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def input_key(self) -> str: ...
+    @property
+    def label_key(self) -> str: ...
+    @property
+    def n_samples(self) -> int: ...
+    @property
+    def max_tokens(self) -> int: ...
+    @property
+    def temperature(self) -> float: ...
+    @property
+    def top_p(self) -> float: ...
+    @property
+    def stop(self) -> tuple[str, ...] | None: ...
+    @property
+    def scorer(self) -> Scorer: ...
+    @property
+    def limit(self) -> int | None: ...
+    @property
+    def score_timeout(self) -> float: ...
+    @property
+    def apply_chat_template(self) -> bool: ...
+    @property
+    def chat_template_kwargs(self) -> Mapping[str, Any] | None: ...
+    @property
+    def tool_key(self) -> str | None: ...
+    @property
+    def metadata_key(self) -> str | None: ...
+    @property
+    def top_k(self) -> int | None: ...
+    @property
+    def rm_url(self) -> str | None: ...
 
 
-def checked_settings(dataset: EvalDataset, where: str) -> dict[str, Any]:
+def checked_settings(dataset: DatasetSettings, where: str) -> dict[str, Any]:
     """Check ``dataset``'s settings (all but its records; ``where`` names it in errors) and
     return those it normalizes: ``stop`` as a tuple, ``scorer`` checked, and
     ``chat_template_kwargs`` as a dict."""
@@ -58,7 +95,7 @@ def checked_settings(dataset: EvalDataset, where: str) -> dict[str, Any]:
     return {"stop": stop, "scorer": scorer, "chat_template_kwargs": kwargs}
 
 
-def check_record(dataset: EvalDataset, where: str, line: int | None, record: object) -> None:
+def check_record(dataset: DatasetSettings, where: str, line: int | None, record: object) -> None:
     """Check one record of ``dataset`` (``line`` of ``where``, None when it came from memory):
     an object with the prompt and the label, the prompt a non-empty string or chat messages,
     its tools and metadata well formed, its label one its scorer can use."""
@@ -109,7 +146,7 @@ def check_record(dataset: EvalDataset, where: str, line: int | None, record: obj
         ) from None
 
 
-def _record_scorer(dataset: EvalDataset, where: str, line: int | None,
+def _record_scorer(dataset: DatasetSettings, where: str, line: int | None,
                    record: Mapping[str, Any]) -> Scorer:
     """The scorer of ``record`` (its metadata's ``rm_type``, else the dataset's), checked."""
     if dataset.metadata_key is None:
@@ -129,7 +166,7 @@ def _record_scorer(dataset: EvalDataset, where: str, line: int | None,
     return scorer
 
 
-def _checked_chat_settings(dataset: EvalDataset, where: str) -> dict[str, Any] | None:
+def _checked_chat_settings(dataset: DatasetSettings, where: str) -> dict[str, Any] | None:
     """Check the chat and reasoning settings; return ``chat_template_kwargs`` as a dict."""
     if not isinstance(dataset.apply_chat_template, bool):
         raise DatasetError(where, None, "apply_chat_template",

@@ -37,6 +37,7 @@ from typing import Literal, TypeVar
 
 import trio
 
+from actorsys._http import Backoff
 from actorsys.config import require_seconds
 from actorsys.contracts import CheckpointEvalFn, EvalSkip, RolloutFnEvalInput, RolloutFnEvalOutput
 from actorsys.evals.data.dataset import EvalDataset
@@ -235,9 +236,9 @@ class ServerEvalFn(ScorerWarmUp, CheckpointEvalFn):
         judged in ``nursery`` by the same deadline."""
         deadline = trio.current_time() + self.pin_timeout
         problem = "no answer"
-        delay = POLL_INITIAL_DELAY
+        backoff = Backoff(POLL_INITIAL_DELAY, POLL_MAX_DELAY)
         with trio.move_on_at(deadline):
-            while True:
+            async for _ in backoff:
                 try:
                     verdict: PinVerdict = await nursery.start(
                         functools.partial(
@@ -255,9 +256,7 @@ class ServerEvalFn(ScorerWarmUp, CheckpointEvalFn):
                 except EngineUnhealthyError as exc:
                     problem = str(exc)
                 log.info("%s: not pinned to %s yet (%s); retrying in %.1f s", self.url,
-                         version, problem, delay)
-                await trio.sleep(delay)
-                delay = min(delay * 2, POLL_MAX_DELAY)
+                         version, problem, backoff.delay)
         raise EvalSkip("pin_violation", f"{self.url} did not serve version {version!r} within "
                                         f"{self.pin_timeout} s: {problem}")
 

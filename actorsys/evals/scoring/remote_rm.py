@@ -20,12 +20,8 @@ from typing import Any
 
 import httpx
 
-from actorsys._errors import ActorsysError
+from actorsys._errors import RemoteRewardError
 from actorsys._tls import ssl_context
-
-
-class RemoteRewardError(ActorsysError):
-    """A reward server gave no usable reward for one answer (it scores 0, counted)."""
 
 
 def remote_reward(

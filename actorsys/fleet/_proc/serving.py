@@ -25,7 +25,8 @@ from typing import TypeVar
 import httpx
 import trio
 
-from actorsys._tls import ssl_context
+from actorsys import _http
+from actorsys._http import Backoff
 from actorsys.fleet.on_all import EngineUnauthorizedError, EngineUnhealthyError
 
 log = logging.getLogger("actorsys.fleet")
@@ -68,16 +69,11 @@ def get_health(url: str, name: str) -> Callable[[], Awaitable[None]]:
 
     async def check() -> None:
         try:
-            async with httpx.AsyncClient(
-                timeout=HEALTH_REQUEST_TIMEOUT, verify=ssl_context()
-            ) as client:
+            async with _http.client(timeout=HEALTH_REQUEST_TIMEOUT) as client:
                 response = await client.get(f"{url}/health")
         except httpx.HTTPError as exc:
             raise EngineUnhealthyError(name, f"GET {url}/health: {exc!r}") from exc
-        if response.status_code in (401, 403):
-            raise EngineUnauthorizedError(
-                name, f"GET {url}/health answered {response.status_code}: {response.text[:200]}"
-            )
+        _http.check_authorized(name, "GET", f"{url}/health", response, None)
         if response.status_code != 200:
             raise EngineUnhealthyError(name, f"GET {url}/health answered {response.status_code}")
 
@@ -113,14 +109,13 @@ async def wait_healthy(
         if owned is not None and not await owned():
             status = exited()
         else:
-            delay = interval
-            while (status := exited()) is None:
+            async for _ in Backoff(interval, max_interval):
+                if (status := exited()) is not None:
+                    break
                 try:
                     return await check()
                 except EngineUnauthorizedError:
                     raise
                 except EngineUnhealthyError as exc:
                     log.debug("server not ready: %s", exc)
-                await trio.sleep(delay)
-                delay = min(delay * 2, max_interval)
     raise await fail(status)

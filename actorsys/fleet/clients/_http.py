@@ -1,9 +1,10 @@
 """What every engine client reached over HTTP shares: requests with a timeout, an optional API
 key, and retries while a server is busy reloading.
 
-Each call opens its own ``httpx.AsyncClient`` and closes it on the way out, so a cancelled call
-(the pin deadline, close) closes its connection at once, and an engine object may be used from
-any trio run. Retrying never ends by itself: the caller's cancel scope (``pin_timeout``) is the
+An engine keeps one ``httpx.AsyncClient`` (built by :mod:`actorsys._http`) per trio run, so
+its requests reuse their connections; a call cancelled mid-request (the pin deadline, close)
+closes that request's connection, and an engine used from a new trio run builds a new
+client. Retrying never ends by itself: the caller's cancel scope (``pin_timeout``) is the
 deadline, as for every coroutine here.
 """
 
@@ -16,8 +17,9 @@ from typing import Any
 import httpx
 import trio
 
+from actorsys import _http
 from actorsys._errors import ConfigError
-from actorsys._tls import ssl_context
+from actorsys._http import RETRY_INITIAL_DELAY, RETRY_MAX_DELAY, Backoff  # noqa: F401 - their home before
 from actorsys.config import require_seconds
 from actorsys.fleet.fleet import EngineUnhealthyError
 from actorsys.fleet.on_all import EngineUnauthorizedError
@@ -25,8 +27,6 @@ from actorsys.fleet.pin.probe import ProbeUnsupportedError
 
 log = logging.getLogger("actorsys.fleet")
 
-RETRY_INITIAL_DELAY = 0.1
-RETRY_MAX_DELAY = 2.0
 
 
 def check_url(url: object, owner: str) -> str:
@@ -59,8 +59,9 @@ class HttpEngine:
         self.request_timeout = require_seconds(f"{owner}(request_timeout)", request_timeout)
         self.load_timeout = require_seconds(f"{owner}(load_timeout)", load_timeout)
         self.api_key = api_key or None
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._transport = transport
+        self._client: httpx.AsyncClient | None = None
+        self._client_run: object = None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
@@ -79,45 +80,48 @@ class HttpEngine:
         ``httpx.TimeoutException`` included, and :class:`EngineUnauthorizedError` for a 401
         or 403 (the key is wrong or missing: never worth a retry)."""
         with trio.move_on_after(seconds):
-            async with httpx.AsyncClient(
-                base_url=self.url,
-                headers=self._headers,
-                timeout=seconds,
-                transport=self._transport,
-                verify=ssl_context(),
-            ) as client:
-                response = await client.request(method, path, json=json, params=params)
-            if response.status_code in (401, 403):
-                raise self._unauthorized(method, path, response)
-            return response
+            response = await self.client().request(
+                method, path, json=json, params=params, timeout=seconds
+            )
+            return _http.check_authorized(self.name, method, path, response, self.api_key)
         raise httpx.ReadTimeout(f"{method} {self.url}{path}: no answer within {seconds} s")
+
+    def client(self) -> httpx.AsyncClient:
+        """This engine's one client in the current trio run (built on first use in each run:
+        a client's connections belong to the run that opened them)."""
+        run = trio.lowlevel.current_trio_token()
+        if self._client is None or self._client_run is not run:
+            self._client = _http.client(
+                base_url=self.url, api_key=self.api_key, timeout=self.request_timeout,
+                transport=self._transport,
+            )
+            self._client_run = run
+        return self._client
+
+    async def aclose(self) -> None:
+        """Close this engine's client and its connections (a later request opens new ones)."""
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
 
     def _unauthorized(
         self, method: str, path: str, response: httpx.Response
     ) -> EngineUnauthorizedError:
-        key = "a wrong API key" if self.api_key else "no API key"
-        return EngineUnauthorizedError(
-            self.name,
-            f"{method} {path} answered HTTP {response.status_code} ({response.text[:200]}): "
-            f"we sent {key}; pass the server's key (api_key=, --engine-api-key, "
-            "$ACTORSYS_API_KEY)",
-        )
+        return _http.unauthorized(self.name, method, path, response, self.api_key)
 
     async def _probe(self, path: str) -> httpx.Response:
         """GET for a health check. A refused or broken connection raises
         :class:`EngineUnhealthyError` at once (the process is gone); a request that times out
         is sent again, since a stopped or overloaded process accepts connections but does not
         answer: a hang, for the caller's deadline to judge."""
-        delay = RETRY_INITIAL_DELAY
-        while True:
+        async for _ in Backoff():
             try:
                 return await self._send("GET", path, seconds=self.request_timeout)
             except httpx.TimeoutException as exc:
                 log.info("%s: GET %s timed out (%r); retrying", self.name, path, exc)
             except httpx.TransportError as exc:
                 raise EngineUnhealthyError(self.name, f"GET {path} failed: {exc!r}") from exc
-            await trio.sleep(delay)
-            delay = min(delay * 2, RETRY_MAX_DELAY)
+        raise AssertionError("unreachable: Backoff never ends")
 
     async def _token_probe(
         self, path: str, body: dict[str, Any], token_lists: Callable[[Any], list[Any]]
@@ -186,8 +190,8 @@ class HttpEngine:
         server that is reloading or restarting gives; they are retried with backoff, without
         end. The caller's cancel scope bounds it.
         """
-        delay = RETRY_INITIAL_DELAY
-        while True:
+        backoff = Backoff()
+        async for _ in backoff:
             try:
                 response = await self._send(
                     method, path, seconds=seconds or self.request_timeout, json=json, params=params
@@ -198,9 +202,9 @@ class HttpEngine:
                 if response.status_code < 500 or not retry_server_errors:
                     return response
                 problem = f"HTTP {response.status_code}: {response.text[:200]}"
-            log.info("%s: %s %s: %s; retrying in %.1f s", self.name, method, path, problem, delay)
-            await trio.sleep(delay)
-            delay = min(delay * 2, RETRY_MAX_DELAY)
+            log.info("%s: %s %s: %s; retrying in %.1f s", self.name, method, path, problem,
+                     backoff.delay)
+        raise AssertionError("unreachable: Backoff never ends")
 
     def _unexpected(
         self, method: str, path: str, response: httpx.Response

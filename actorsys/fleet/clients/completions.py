@@ -21,53 +21,13 @@ from typing import Any
 import anyio
 import httpx
 
-from actorsys._errors import ConfigError, ConfigTypeError
+from actorsys import _http
+from actorsys._errors import BadRequestError, CompletionError, ConfigError, ConfigTypeError, StaleWeightsError
 from actorsys._flags import require_int, require_seconds
-from actorsys._tls import ssl_context
-from actorsys.contracts import EvalSkip
-
-RETRY_INITIAL_DELAY = 0.1
-RETRY_MAX_DELAY = 2.0
-
-
-class CompletionError(EvalSkip):
-    """A completion request failed (no answer within its deadline, an error status, a
-    malformed body). Raised out of an eval fn it skips the point as ``unhealthy``."""
-
-    reason = "unhealthy"
-
-    def __init__(self, url: str, index: int, message: str, *, retryable: bool = True) -> None:
-        super().__init__(type(self).reason, f"prompt {index} at {url}: {message}")
-        self.url = url
-        self.index = index
-        self.retryable = retryable
-
-
-class BadRequestError(CompletionError):
-    """The server refused the request itself (HTTP 4xx: a prompt too long for the model, a
-    value out of range, a wrong key): sending it again cannot help, so it is never retried,
-    and a point whose requests all failed so skips ``bad_request``, not ``unhealthy``."""
-
-    reason = "bad_request"
-
-    def __init__(self, url: str, index: int, message: str) -> None:
-        super().__init__(url, index, message, retryable=False)
-
+from actorsys._http import RETRY_INITIAL_DELAY, RETRY_MAX_DELAY, Backoff  # noqa: F401 - their home before
 
 TRANSIENT_CLIENT_STATUSES = frozenset({408, 429})
 """4xx answers that say "not now" rather than "never": retried like a 5xx."""
-
-
-class StaleWeightsError(CompletionError):
-    """An engine answered with weights other than the pinned version: ``pin_violation``."""
-
-    reason = "pin_violation"
-
-    def __init__(self, url: str, index: int, expected: str, actual: str) -> None:
-        message = f"answered with weight version {actual!r}; the fleet is pinned to {expected!r}"
-        super().__init__(url, index, message, retryable=False)
-        self.expected = expected
-        self.actual = actual
 
 
 @dataclass(frozen=True)
@@ -138,17 +98,15 @@ async def complete(
         raise ConfigError(
             "complete(max_tokens)", f"expected one limit per prompt ({len(prompts)}), got {len(limits)}"
         )
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     results: list[Completion | None] = [None] * len(prompts)
     failure: list[CompletionError] = []
     limiter = anyio.Semaphore(concurrency)
 
-    async with httpx.AsyncClient(
-        headers=headers,
+    async with _http.client(
+        api_key=api_key,
         timeout=request_timeout,
         transport=transport,
         limits=httpx.Limits(max_connections=concurrency),
-        verify=ssl_context(),
     ) as client:
         if model is None:
             with anyio.move_on_after(request_timeout):
@@ -179,19 +137,16 @@ async def complete(
             return answer
 
         async def one(index: int, task_group: anyio.abc.TaskGroup) -> None:
-            delay = RETRY_INITIAL_DELAY
             async with limiter:
-                for tried in range(retries + 1):
-                    url = targets[(index + tried) % len(targets)].rstrip("/")
+                async for tried in Backoff():
+                    url = targets[(index + tried - 1) % len(targets)].rstrip("/")
                     try:
                         results[index] = await attempt(index, url)
                         return
                     except CompletionError as exc:
                         error = exc
-                    if not error.retryable or tried == retries:
+                    if not error.retryable or tried > retries:
                         break
-                    await anyio.sleep(delay)
-                    delay = min(delay * 2, RETRY_MAX_DELAY)
             if keep_failures and not isinstance(error, StaleWeightsError):
                 prompt = bodies[index]["prompt"]
                 results[index] = Completion(

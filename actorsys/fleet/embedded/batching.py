@@ -14,16 +14,16 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from actorsys._errors import ActorsysError
 from actorsys.fleet.embedded.model import GenerationRequest, GenerationResult, ModelHost
 
-__all__ = ["GenerationBatcher", "GenerationFailed"]
+__all__ = ["GenerationBatcher"]
 
 log = logging.getLogger("actorsys.engine")
 
 
-class GenerationFailed(ActorsysError, RuntimeError):
-    """The model raised while generating a batch (answered as HTTP 500)."""
+class _GenerationFailed(RuntimeError):
+    """The model raised while generating a batch (answered as HTTP 500): a signal between the
+    batcher and the server, never raised to a caller of the engine."""
 
 
 @dataclass(eq=False)
@@ -97,12 +97,12 @@ class GenerationBatcher:
 
     async def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         """Queue ``requests`` as one group and wait for their results. Raises
-        :class:`GenerationFailed` if the model raised on their batch."""
+        :class:`_GenerationFailed` if the model raised on their batch."""
         job = _Job(list(requests))
         self._send.send_nowait(job)
         await job.done.wait()
         if job.error is not None:
-            raise GenerationFailed(job.error)
+            raise _GenerationFailed(job.error)
         return job.results
 
     async def load(self, path: str, version: str | None, require_complete: bool) -> None:

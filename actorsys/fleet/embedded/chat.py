@@ -34,7 +34,7 @@ from actorsys.fleet.embedded.model import GenerationRequest, GenerationResult, s
 from actorsys.fleet.embedded.requests import (
     MAX_SEQUENCES,
     SEED_RANGE,
-    BadRequest,
+    _BadRequest,
     _request,
     _stop,
     is_utf8,
@@ -97,39 +97,39 @@ class ChatCall:
 
 
 def chat_call(body: dict[str, Any], host: ChatHost, templates: ChatTemplates) -> ChatCall:
-    """The :class:`ChatCall` of a ``/v1/chat/completions`` body. Raises :class:`BadRequest`
+    """The :class:`ChatCall` of a ``/v1/chat/completions`` body. Raises :class:`_BadRequest`
     naming the field. Blocking (renders the template, tokenizes)."""
     if body.get("stream"):
-        raise BadRequest("stream: streaming is not supported by the embedded engine")
+        raise _BadRequest("stream: streaming is not supported by the embedded engine")
     if body.get("logprobs") or body.get("top_logprobs"):
-        raise BadRequest("logprobs: chat log-probabilities are not supported by the embedded engine")
+        raise _BadRequest("logprobs: chat log-probabilities are not supported by the embedded engine")
     for name in UNSUPPORTED_PENALTIES:
         if body.get(name) not in (None, 0, 0.0):
-            raise BadRequest(f"{name}: not supported by the embedded engine (0 or null only)")
+            raise _BadRequest(f"{name}: not supported by the embedded engine (0 or null only)")
     if body.get("logit_bias"):
-        raise BadRequest("logit_bias: not supported by the embedded engine")
+        raise _BadRequest("logit_bias: not supported by the embedded engine")
     messages = chat_messages(body.get("messages"))
     tools = chat_tools(body.get("tools"))
     tool_choice = body.get("tool_choice")
     if tool_choice is not None and tool_choice not in TOOL_CHOICES:
-        raise BadRequest(
+        raise _BadRequest(
             "tool_choice: only 'auto' and 'none' are supported by the embedded engine "
             "('required' and a named tool need guided decoding)"
         )
     parallel = body.get("parallel_tool_calls", True)
     if parallel is not None and not isinstance(parallel, bool):
-        raise BadRequest(f"parallel_tool_calls: expected true, false or null, got {parallel!r}")
+        raise _BadRequest(f"parallel_tool_calls: expected true, false or null, got {parallel!r}")
     kwargs = body.get("chat_template_kwargs")
     if kwargs is not None and not isinstance(kwargs, dict):
-        raise BadRequest("chat_template_kwargs: expected an object of the template's arguments")
+        raise _BadRequest("chat_template_kwargs: expected an object of the template's arguments")
     add_generation_prompt = body.get("add_generation_prompt", True)
     if not isinstance(add_generation_prompt, bool):
-        raise BadRequest("add_generation_prompt: expected true or false")
+        raise _BadRequest("add_generation_prompt: expected true or false")
     n = body.get("n", 1)
     if n is None:
         n = 1
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_SEQUENCES:
-        raise BadRequest(f"n: expected an integer in [1, {MAX_SEQUENCES}], got {n!r}")
+        raise _BadRequest(f"n: expected an integer in [1, {MAX_SEQUENCES}], got {n!r}")
     tokenizer, path = templates.tokenizer()
     try:
         rendered = render_chat(
@@ -141,10 +141,10 @@ def chat_call(body: dict[str, Any], host: ChatHost, templates: ChatTemplates) ->
             path=path,
         )
     except (ChatTemplateMissingError, ValueError) as exc:
-        raise BadRequest(f"messages: {exc}") from None
+        raise _BadRequest(f"messages: {exc}") from None
     ids = list(rendered.token_ids)
     if len(ids) >= host.max_positions:
-        raise BadRequest(
+        raise _BadRequest(
             f"messages: the rendered prompt ({len(ids)} tokens) fills the model's "
             f"{host.max_positions} positions"
         )

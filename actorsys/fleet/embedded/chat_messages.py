@@ -17,14 +17,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from actorsys.fleet.chat_template import check_messages, check_tools
-from actorsys.fleet.embedded.requests import BadRequest, is_utf8
+from actorsys.fleet.embedded.requests import _BadRequest, is_utf8
 
 
 def chat_messages(value: Any) -> list[dict[str, Any]]:
     """The conversation, checked and normalised as vLLM normalises it (see the module)."""
     problem = check_messages(value)
     if problem is not None:
-        raise BadRequest(f"messages: {problem}")
+        raise _BadRequest(f"messages: {problem}")
     messages = []
     for index, message in enumerate(value):
         message = dict(message)
@@ -32,7 +32,7 @@ def chat_messages(value: Any) -> list[dict[str, Any]]:
         if isinstance(content, list):
             message["content"] = _text_parts(content, index)
         elif isinstance(content, str) and not is_utf8(content):
-            raise BadRequest(f"messages[{index}].content: the text is not valid Unicode")
+            raise _BadRequest(f"messages[{index}].content: the text is not valid Unicode")
         if message["role"] == "assistant" and "tool_calls" in message:
             _assistant_tool_calls(message, index)
         messages.append(message)
@@ -45,12 +45,12 @@ def _text_parts(parts: list[Any], index: int) -> str:
         if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(
             part.get("text"), str
         ):
-            raise BadRequest(
+            raise _BadRequest(
                 f"messages[{index}].content: only text parts ({{'type': 'text', 'text': ...}}) "
                 "are supported by the embedded engine"
             )
         if not is_utf8(part["text"]):
-            raise BadRequest(f"messages[{index}].content: the text is not valid Unicode")
+            raise _BadRequest(f"messages[{index}].content: the text is not valid Unicode")
         texts.append(part["text"])
     return "\n".join(texts)
 
@@ -60,7 +60,7 @@ def _assistant_tool_calls(message: dict[str, Any], index: int) -> None:
     if calls is None:
         return
     if not isinstance(calls, list):
-        raise BadRequest(f"messages[{index}].tool_calls: expected a list of tool calls")
+        raise _BadRequest(f"messages[{index}].tool_calls: expected a list of tool calls")
     if not calls:
         message.pop("tool_calls")
         return
@@ -68,10 +68,10 @@ def _assistant_tool_calls(message: dict[str, Any], index: int) -> None:
     for position, item in enumerate(calls):
         field = f"messages[{index}].tool_calls[{position}]"
         if not isinstance(item, Mapping):
-            raise BadRequest(f"{field}: expected an object")
+            raise _BadRequest(f"{field}: expected an object")
         function = item.get("function")
         if item.get("type", "function") != "function" or not isinstance(function, Mapping):
-            raise BadRequest(f"{field}: only tool calls of type 'function' are supported")
+            raise _BadRequest(f"{field}: only tool calls of type 'function' are supported")
         function = dict(function)
         function["arguments"] = _arguments(function.get("arguments"))
         normalised.append({**item, "function": function})
@@ -96,13 +96,13 @@ def chat_tools(value: Any) -> list[dict[str, Any]] | None:
     """The tool schemas (None for none), checked."""
     problem = check_tools(value)
     if problem is not None:
-        raise BadRequest(f"tools: {problem}")
+        raise _BadRequest(f"tools: {problem}")
     if not value:
         return None
     for index, tool in enumerate(value):
         function = tool.get("function")
         if tool.get("type", "function") != "function" or not isinstance(function, Mapping):
-            raise BadRequest(f"tools[{index}]: expected {{'type': 'function', 'function': {{...}}}}")
+            raise _BadRequest(f"tools[{index}]: expected {{'type': 'function', 'function': {{...}}}}")
         if not isinstance(function.get("name"), str) or not function["name"]:
-            raise BadRequest(f"tools[{index}].function.name: expected a non-empty string")
+            raise _BadRequest(f"tools[{index}].function.name: expected a non-empty string")
     return [dict(tool) for tool in value]

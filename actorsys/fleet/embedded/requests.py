@@ -16,7 +16,6 @@ import json
 import math
 from typing import Any, Protocol
 
-from actorsys._errors import ActorsysError
 from actorsys.fleet.embedded.model import GenerationRequest
 
 MAX_SEQUENCES = 256
@@ -29,30 +28,31 @@ SEED_RANGE = (-(2**63), 2**64)
 """torch's ``Generator.manual_seed`` takes exactly these."""
 
 
-class BadRequest(ActorsysError, ValueError):  # noqa: N818 - it is an HTTP 400, named as such
+class _BadRequest(ValueError):
     """A request body the engine cannot serve; the message names the field. ``status`` is the
-    HTTP status it is answered with."""
+    HTTP status it is answered with: a signal inside the engine, answered to the client, never
+    raised out of it."""
 
     status = 400
 
 
-class BodyTooLarge(BadRequest):
+class _BodyTooLarge(_BadRequest):
     """A request body over the engine's size limit (HTTP 413)."""
 
     status = 413
 
 
 def parse_body(data: bytes) -> dict[str, Any]:
-    """A request body as a JSON object; :class:`BadRequest` for anything else (invalid JSON,
+    """A request body as a JSON object; :class:`_BadRequest` for anything else (invalid JSON,
     invalid UTF-8, nesting too deep for the parser, another JSON type)."""
     try:
         body = json.loads(data)
     except RecursionError:
-        raise BadRequest("the body is nested too deeply to parse") from None
+        raise _BadRequest("the body is nested too deeply to parse") from None
     except ValueError as exc:
-        raise BadRequest(f"the body is not JSON: {exc}") from exc
+        raise _BadRequest(f"the body is not JSON: {exc}") from exc
     if not isinstance(body, dict):
-        raise BadRequest("the body must be a JSON object")
+        raise _BadRequest("the body must be a JSON object")
     return body
 
 
@@ -70,7 +70,7 @@ def generate_requests(
     with an object rather than a list)."""
     text, input_ids = body.get("text"), body.get("input_ids")
     if (text is None) == (input_ids is None):
-        raise BadRequest("pass exactly one of text, input_ids")
+        raise _BadRequest("pass exactly one of text, input_ids")
     if text is not None:
         single = isinstance(text, str)
         prompts = [text] if single else _strings(text, "text")
@@ -81,7 +81,7 @@ def generate_requests(
     params = body.get("sampling_params") or {}
     param_list = params if isinstance(params, list) else [params] * len(id_lists)
     if len(param_list) != len(id_lists) or not all(isinstance(p, dict) for p in param_list):
-        raise BadRequest("sampling_params: expected an object, or a list of one object per prompt")
+        raise _BadRequest("sampling_params: expected an object, or a list of one object per prompt")
     requests = [
         _request(
             ids,
@@ -104,18 +104,18 @@ def generate_requests(
 def completion_requests(body: dict[str, Any], host: Tokenizing) -> list[GenerationRequest]:
     """The requests of an OpenAI ``/v1/completions`` body (one per prompt; ``n`` must be 1)."""
     if body.get("stream"):
-        raise BadRequest("stream: streaming is not supported by the embedded engine")
+        raise _BadRequest("stream: streaming is not supported by the embedded engine")
     if body.get("n", 1) != 1:
-        raise BadRequest("n: only n=1 is supported")
+        raise _BadRequest("n: only n=1 is supported")
     stop = _stop(body.get("stop"), "stop")
     logprobs = body.get("logprobs")
     if logprobs is not None and (
         isinstance(logprobs, bool) or not isinstance(logprobs, int) or not 0 <= logprobs <= MAX_LOGPROBS
     ):
-        raise BadRequest(f"logprobs: expected an integer in [0, {MAX_LOGPROBS}] or null, got {logprobs!r}")
+        raise _BadRequest(f"logprobs: expected an integer in [0, {MAX_LOGPROBS}] or null, got {logprobs!r}")
     echo = body.get("echo", False)
     if not isinstance(echo, bool):
-        raise BadRequest(f"echo: expected true or false, got {echo!r}")
+        raise _BadRequest(f"echo: expected true or false, got {echo!r}")
     prompt = body.get("prompt")
     if isinstance(prompt, str):
         id_lists = [_encode(host, prompt, "prompt")]
@@ -126,7 +126,7 @@ def completion_requests(body: dict[str, Any], host: Tokenizing) -> list[Generati
     elif isinstance(prompt, list) and prompt:
         id_lists = _id_lists(prompt, "prompt")
     else:
-        raise BadRequest("prompt: expected a string, a list of strings, or token ids")
+        raise _BadRequest("prompt: expected a string, a list of strings, or token ids")
     return [
         _request(
             ids,
@@ -164,36 +164,36 @@ def _request(
     echo: bool = False,
 ) -> GenerationRequest:
     if not ids:
-        raise BadRequest("prompt: empty prompts are not supported")
+        raise _BadRequest("prompt: empty prompts are not supported")
     if not all(0 <= i < host.vocab_size for i in ids):
-        raise BadRequest(f"prompt: token ids must lie in [0, {host.vocab_size})")
+        raise _BadRequest(f"prompt: token ids must lie in [0, {host.vocab_size})")
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
-        raise BadRequest(
+        raise _BadRequest(
             f"{prefix}{max_tokens_field}: expected an integer >= 0, got {max_tokens!r}"
         )
     if len(ids) + max_tokens > host.max_positions:
-        raise BadRequest(
+        raise _BadRequest(
             f"{prefix}{max_tokens_field}: prompt ({len(ids)} tokens) + {max_tokens} exceeds the "
             f"model's {host.max_positions} positions"
         )
     if not _is_number(temperature) or not (
         temperature == 0 or MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE
     ):
-        raise BadRequest(
+        raise _BadRequest(
             f"{prefix}temperature: expected 0 (greedy) or a number in [{MIN_TEMPERATURE:g}, "
             f"{MAX_TEMPERATURE:g}], got {temperature!r}"
         )
     if not _is_number(top_p) or not 0 < top_p <= 1:
-        raise BadRequest(f"{prefix}top_p: expected a number in (0, 1], got {top_p!r}")
+        raise _BadRequest(f"{prefix}top_p: expected a number in (0, 1], got {top_p!r}")
     if top_k is not None and (not _is_int(top_k) or top_k < -1):
-        raise BadRequest(f"{prefix}top_k: expected an integer >= -1 (-1 or 0: off), got {top_k!r}")
+        raise _BadRequest(f"{prefix}top_k: expected an integer >= -1 (-1 or 0: off), got {top_k!r}")
     low, high = SEED_RANGE
     if seed is not None and (not _is_int(seed) or not low <= seed < high):
-        raise BadRequest(
+        raise _BadRequest(
             f"{prefix}seed: expected an integer in [-2**63, 2**64) or null, got {seed!r}"
         )
     if not isinstance(ignore_eos, bool):
-        raise BadRequest(f"{prefix}ignore_eos: expected true or false, got {ignore_eos!r}")
+        raise _BadRequest(f"{prefix}ignore_eos: expected true or false, got {ignore_eos!r}")
     return GenerationRequest(
         input_ids=list(ids),
         max_new_tokens=max_tokens,
@@ -215,9 +215,9 @@ def _stop(value: Any, field: str) -> tuple[str, ...]:
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise BadRequest(f"{field}: expected a string, a list of strings, or null")
+        raise _BadRequest(f"{field}: expected a string, a list of strings, or null")
     if len(value) > MAX_STOP or any(len(v) > MAX_STOP_CHARS for v in value):
-        raise BadRequest(
+        raise _BadRequest(
             f"{field}: at most {MAX_STOP} stop sequences of at most {MAX_STOP_CHARS} characters"
         )
     return tuple(v for v in value if v)
@@ -225,9 +225,9 @@ def _stop(value: Any, field: str) -> tuple[str, ...]:
 
 def _strings(value: Any, field: str) -> list[str]:
     if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
-        raise BadRequest(f"{field}: expected a string or a non-empty list of strings")
+        raise _BadRequest(f"{field}: expected a string or a non-empty list of strings")
     if len(value) > MAX_SEQUENCES:
-        raise BadRequest(f"{field}: at most {MAX_SEQUENCES} prompts per request")
+        raise _BadRequest(f"{field}: at most {MAX_SEQUENCES} prompts per request")
     return value
 
 
@@ -237,15 +237,15 @@ def _id_lists(value: Any, field: str) -> list[list[int]]:
         or not value
         or not all(isinstance(ids, list) and all(_is_int(i) for i in ids) for ids in value)
     ):
-        raise BadRequest(f"{field}: expected a list of token ids, or a list of such lists")
+        raise _BadRequest(f"{field}: expected a list of token ids, or a list of such lists")
     if len(value) > MAX_SEQUENCES:
-        raise BadRequest(f"{field}: at most {MAX_SEQUENCES} sequences per request")
+        raise _BadRequest(f"{field}: at most {MAX_SEQUENCES} sequences per request")
     return value
 
 
 def _encode(host: Tokenizing, text: str, field: str) -> list[int]:
     if not is_utf8(text):
-        raise BadRequest(f"{field}: the text is not valid Unicode (a lone surrogate escape)")
+        raise _BadRequest(f"{field}: the text is not valid Unicode (a lone surrogate escape)")
     return host.encode(text)
 
 

@@ -38,7 +38,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from actorsys.fleet.checkpoint import CheckpointMismatchError
-from actorsys.fleet.embedded.batching import GenerationBatcher, GenerationFailed
+from actorsys.fleet.embedded.batching import GenerationBatcher, _GenerationFailed
 from actorsys.fleet.embedded.chat import ChatTemplates, chat_call, chat_response, openai_body
 from actorsys.fleet.embedded.logprobs import openai_logprobs
 from actorsys.fleet.embedded.model import (
@@ -48,8 +48,8 @@ from actorsys.fleet.embedded.model import (
     stop_index,
 )
 from actorsys.fleet.embedded.requests import (
-    BadRequest,
-    BodyTooLarge,
+    _BadRequest,
+    _BodyTooLarge,
     completion_requests,
     generate_requests,
     is_utf8,
@@ -111,14 +111,14 @@ class EmbeddedEngine(GenerationBatcher):
         return Starlette(
             routes=routes,
             middleware=middleware,
-            exception_handlers={GenerationFailed: _failed, BadRequest: _refused},
+            exception_handlers={_GenerationFailed: _failed, _BadRequest: _refused},
         )
 
     async def _body(self, request: Request) -> bytes:
-        """The request's body, read up to ``max_body_bytes``; :class:`BodyTooLarge` past
+        """The request's body, read up to ``max_body_bytes``; :class:`_BodyTooLarge` past
         it (before reading it, if the client declared its length)."""
         limit = self.max_body_bytes
-        too_large = BodyTooLarge(f"the body is larger than the engine's limit of {limit} bytes")
+        too_large = _BodyTooLarge(f"the body is larger than the engine's limit of {limit} bytes")
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise too_large
@@ -129,7 +129,7 @@ class EmbeddedEngine(GenerationBatcher):
                 if len(data) > limit:
                     raise too_large
         except ClientDisconnect:
-            raise BadRequest("the client closed the connection before the body ended") from None
+            raise _BadRequest("the client closed the connection before the body ended") from None
         return bytes(data)
 
     async def _parsed(self, request: Request, build: Callable[[dict[str, Any]], T]) -> T:
@@ -187,17 +187,17 @@ class EmbeddedEngine(GenerationBatcher):
             body = await self._parsed(request, lambda body: body)
             path = body.get("model_path")
             if not isinstance(path, str) or not path:
-                raise BadRequest("model_path: expected the checkpoint directory as a string")
+                raise _BadRequest("model_path: expected the checkpoint directory as a string")
             version = body.get("weight_version")
             if version is not None and not isinstance(version, str):
-                raise BadRequest("weight_version: expected a string or null")
+                raise _BadRequest("weight_version: expected a string or null")
             require = body.get("require_complete", self.require_complete)
             if not isinstance(require, bool):
-                raise BadRequest("require_complete: expected true or false")
+                raise _BadRequest("require_complete: expected true or false")
             await self.load(path, version, require)
-        except (BadRequest, CheckpointMismatchError) as exc:
+        except (_BadRequest, CheckpointMismatchError) as exc:
             log.warning("refused to load weights: %s", exc)
-            status = exc.status if isinstance(exc, BadRequest) else 400
+            status = exc.status if isinstance(exc, _BadRequest) else 400
             return JSONResponse({"success": False, "message": str(exc)}, status_code=status)
         log.info("loaded %s as version %s", path, self.host.version)
         message = "Succeeded to update model weights."
@@ -276,5 +276,5 @@ async def _failed(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _refused(request: Request, exc: Exception) -> JSONResponse:
-    status = exc.status if isinstance(exc, BadRequest) else 400
+    status = exc.status if isinstance(exc, _BadRequest) else 400
     return JSONResponse({"error": {"message": str(exc)}}, status_code=status)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 import httpx
 import trio
 
-from actorsys._tls import ssl_context
+from actorsys import _http
 from actorsys.fleet.on_all import EngineUnhealthyError, PinError, PinViolationError, on_all
 from actorsys.fleet.pin.probe import (
     Answer,
@@ -169,9 +169,13 @@ async def _ask(
 
 
 async def _probe_router(router_url: str) -> None:
+    """``GET {router_url}/health`` answers 2xx; a 401 or 403 is
+    :class:`~actorsys.EngineUnauthorizedError` (the router wants a key), anything else or no
+    answer :class:`~actorsys.EngineUnhealthyError`."""
     try:
-        async with httpx.AsyncClient(timeout=10.0, verify=ssl_context()) as client:
+        async with _http.client(timeout=10.0) as client:
             response = await client.get(f"{router_url}/health")
+            _http.check_authorized("router", "GET", f"{router_url}/health", response, None)
             response.raise_for_status()
     except httpx.HTTPError as exc:
         message = f"{router_url} is not serving: {exc!r}"

@@ -18,18 +18,12 @@ from typing import Any
 
 import trio
 
+from actorsys._errors import ProbeCancelledError  # noqa: F401 - defined there, imported from here
 from actorsys.fleet.on_all import PinError
 
 UNVERIFIED_KEY = "weight_probe"
 """The key of an evaluation's data that says the probe could not check its weights, and why
 (:attr:`PinVerdict.unverified`)."""
-
-
-class ProbeCancelledError(PinError):
-    """The pin's probe was cut off before its answers could be judged (the pin deadline ran
-    out while the snapshot's reference was computing, or the pin's owner stopped)."""
-
-    reason = "pin_timeout"
 
 
 class PinVerdict:

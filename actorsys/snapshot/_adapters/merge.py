@@ -17,7 +17,7 @@ import torch
 
 from actorsys.snapshot._adapters.kept import KeptBase
 from actorsys.snapshot._conversions import Structure
-from actorsys.snapshot._state_plan import aligned
+from actorsys.snapshot._pool.memory import aligned
 
 HALF = (torch.float16, torch.bfloat16)
 

@@ -11,14 +11,45 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
+from actorsys.snapshot._adapters.kept import KeptBase
 from actorsys.snapshot._pool.memory import Preparation
 
-if TYPE_CHECKING:
-    from actorsys.snapshot._pool.pool import BufferPool
+
+class LeaseOwner(Protocol):
+    """What a lease asks of the pool it came from (a
+    :class:`~actorsys.snapshot._pool.pool.BufferPool`). Thread-safe, never blocking."""
+
+    @property
+    def kept(self) -> KeptBase:
+        """The frozen base kept across points beside the sets."""
+
+    @property
+    def prepares_spares(self) -> bool:
+        """Whether the pool prepares its other sets after a copy into one."""
+
+    def prepare_spares(self, nbytes: int, *, pinned: bool) -> object:
+        """Prepare the other sets at ``nbytes``, in the background."""
+
+    def note_allocated(self) -> None:
+        """A lease's copy allocated its set itself."""
+
+    def views_of(
+        self,
+        buffer: torch.Tensor,
+        layout: object,
+        lay_out: Callable[[torch.Tensor], dict[str, torch.Tensor]],
+    ) -> dict[str, torch.Tensor]:
+        """``buffer``'s views for ``layout``, kept from an earlier point or made now."""
+
+    def unclaim(self, preparation: Preparation) -> bool:
+        """Hand a claimed preparation back; True if it is still under way."""
+
+    def take_back(self, buffer: torch.Tensor | None) -> None:
+        """A lease's set (None: one it never allocated) returns to the pool."""
 
 
 class BufferLease:
@@ -29,7 +60,7 @@ class BufferLease:
         nbytes: int,
         *,
         pinned: bool,
-        pool: BufferPool | None = None,
+        pool: LeaseOwner | None = None,
         buffer: torch.Tensor | None = None,
         preparation: Preparation | None = None,
     ) -> None:
@@ -42,7 +73,7 @@ class BufferLease:
         self._returned = False
 
     @property
-    def pool(self) -> BufferPool | None:
+    def pool(self) -> LeaseOwner | None:
         """The pool this lease came from (None for a one-off buffer)."""
         return self._pool
 
@@ -71,7 +102,7 @@ class BufferLease:
                 pin = self.pinned and torch.cuda.is_available()
                 self._buffer = torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=pin)
                 if self._pool is not None:
-                    self._pool._allocated()
+                    self._pool.note_allocated()
             return self._buffer
 
     def views(
@@ -86,7 +117,7 @@ class BufferLease:
         buffer = self.buffer()
         if self._pool is None or layout is None:
             return lay_out(buffer)
-        return self._pool._views(buffer, layout, lay_out)
+        return self._pool.views_of(buffer, layout, lay_out)
 
     def prepare_spares(self) -> None:
         """After a copy into this set: let the pool prepare its other sets at this size, in
@@ -107,7 +138,7 @@ class BufferLease:
         if self._pool is None:
             return
         if buffer is None and preparation is not None:
-            if self._pool._unclaim(preparation):
+            if self._pool.unclaim(preparation):
                 return
             buffer = preparation.buffer
-        self._pool._give_back(buffer)
+        self._pool.take_back(buffer)

@@ -14,6 +14,14 @@ import threading
 
 import torch
 
+ALIGNMENT = 64
+"""Byte alignment of every tensor inside a buffer set (any dtype can be viewed there)."""
+
+
+def aligned(nbytes: int) -> int:
+    """``nbytes`` rounded up to :data:`ALIGNMENT`: where the next tensor of a set starts."""
+    return -(-nbytes // ALIGNMENT) * ALIGNMENT
+
 
 class Preparation:
     """A set being allocated and faulted in; a lease may claim it before it is done."""

@@ -22,38 +22,15 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
+from actorsys.outcome import PoolStatistics
 from actorsys.snapshot._adapters.kept import KeptBase
 from actorsys.snapshot._pool.lease import BufferLease
 from actorsys.snapshot._pool.memory import Preparation, allocate_faulted
 
 log = logging.getLogger("actorsys")
-
-
-@dataclass(frozen=True)
-class PoolStatistics:
-    """``sets``: buffer sets alive or promised to a lease; ``free``: of those, idle and faulted
-    in; ``leases``: leases granted so far; ``allocations``: sets a copy had to allocate itself
-    (a lease that reuses or takes a prepared set allocates nothing); ``prepared``: sets
-    allocated and faulted in ahead of any copy; ``preparing``: preparations under way;
-    ``free_nbytes``: bytes held by idle sets; ``kept``: frozen bases kept across points
-    (a peft model's, 0 or 1, one more than ``max_sets``), ``kept_nbytes`` their bytes and
-    ``kept_copied_nbytes`` the bytes copied into them so far (the base once, then only what
-    changed in place)."""
-
-    sets: int
-    free: int
-    leases: int
-    allocations: int
-    free_nbytes: int
-    prepared: int = 0
-    preparing: int = 0
-    kept: int = 0
-    kept_nbytes: int = 0
-    kept_copied_nbytes: int = 0
 
 
 class BufferPool:
@@ -243,7 +220,7 @@ class BufferPool:
         except Exception:
             log.warning("preparing weight buffers in the background failed", exc_info=True)
 
-    def _unclaim(self, preparation: Preparation) -> bool:
+    def unclaim(self, preparation: Preparation) -> bool:
         """Hand a claimed preparation back; True if it is still under way (it then joins the
         idle sets when done)."""
         with self._lock:
@@ -252,11 +229,11 @@ class BufferPool:
                 return True
             return False
 
-    def _allocated(self) -> None:
+    def note_allocated(self) -> None:
         with self._lock:
             self._allocations += 1
 
-    def _give_back(self, buffer: torch.Tensor | None) -> None:
+    def take_back(self, buffer: torch.Tensor | None) -> None:
         with self._lock:
             if buffer is not None and not self._closed:
                 self._free.append(buffer)
@@ -267,7 +244,7 @@ class BufferPool:
         if self._on_free is not None:
             self._on_free()
 
-    def _views(
+    def views_of(
         self,
         buffer: torch.Tensor,
         layout: object,

@@ -17,9 +17,9 @@ import itertools
 import math
 import re
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import torch
 from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -34,7 +34,9 @@ from actorsys.snapshot._state_plan import (
     tensor_nbytes,
 )
 
-__all__ = ["SUPPORTED", "DTensor", "Piece", "Sharding", "Writer", "converted_message", "plan_sharded"]
+__all__ = [
+    "SUPPORTED", "DTensor", "Handover", "Piece", "Sharding", "Writer", "converted_message", "plan_sharded",
+]
 
 SUPPORTED = (
     "DTensor parameters placed Shard(dim) or Replicate on their device mesh "
@@ -42,6 +44,19 @@ SUPPORTED = (
 )
 
 Writer = Literal["self", "evaluator", "other"]
+
+
+class Handover(Protocol):
+    """How the evaluating rank's export thread meets the other ranks (blocking calls)."""
+
+    def ready(self, directory: str, starts: dict[str, dict[str, int]]) -> None:
+        """The files exist at full size: tell the other ranks where to write."""
+
+    def wait_contributions(self, check: Callable[[], None]) -> None:
+        """Block until every other rank wrote its ranges; raise (bounded) if one did not."""
+
+    def abandon(self, error: str) -> None:
+        """This export failed or was given up: the other ranks need not write."""
 
 
 @dataclass(frozen=True)

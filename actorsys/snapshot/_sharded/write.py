@@ -23,12 +23,12 @@ import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import torch
 from huggingface_hub import split_state_dict_into_shards_factory
 
-from actorsys.snapshot._sharded.plan import Piece, Sharding, converted_message
+from actorsys.snapshot._sharded.plan import Handover, Piece, Sharding, converted_message
 from actorsys.snapshot._state_plan import tensor_nbytes
 from actorsys.snapshot._write.model_files import (
     INDEX_NAME,
@@ -51,19 +51,6 @@ __all__ = [
     "write_pieces",
     "write_sharded_snapshot",
 ]
-
-
-class Handover(Protocol):
-    """How the evaluating rank's export thread meets the other ranks (blocking calls)."""
-
-    def ready(self, directory: str, starts: dict[str, dict[str, int]]) -> None:
-        """The files exist at full size: tell the other ranks where to write."""
-
-    def wait_contributions(self, check: Callable[[], None]) -> None:
-        """Block until every other rank wrote its ranges; raise (bounded) if one did not."""
-
-    def abandon(self, error: str) -> None:
-        """This export failed or was given up: the other ranks need not write."""
 
 
 @dataclass(frozen=True)

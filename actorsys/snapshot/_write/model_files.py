@@ -9,10 +9,18 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from actorsys.snapshot._capture import CapturedWeights
+
+class ModelConfigs(Protocol):
+    """What :func:`write_model_files` reads of a capture (``CapturedWeights`` is one): the
+    model's config and generation config, each None when the model has none."""
+
+    @property
+    def config(self) -> Any: ...
+
+    @property
+    def generation_config(self) -> Any: ...
 
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
@@ -79,7 +87,7 @@ def _write_text(path: str, text: str) -> None:
 
 
 def write_model_files(
-    weights: CapturedWeights, directory: str, base_checkpoint: str | None
+    weights: ModelConfigs, directory: str, base_checkpoint: str | None
 ) -> None:
     """What ``save_pretrained`` writes besides the weights (the config, the generation config,
     the non-weight files of ``base_checkpoint``), for a plain and a sharded model alike."""

@@ -10,7 +10,7 @@ from typing import Protocol, runtime_checkable
 
 import trio
 
-from actorsys._errors import ActorsysError
+from actorsys._errors import ProbeUnsupportedError
 from actorsys.fleet.on_all import EngineUnhealthyError, Named, on_all
 from actorsys.fleet.pin.probe.compare import Answer, PrefillAnswer
 from actorsys.fleet.pin.probe.prompts import (
@@ -27,10 +27,6 @@ from actorsys.fleet.pin.probe.reference_answer import (
 from actorsys.runtime import ThreadTracker, run_blocking
 
 log = logging.getLogger("actorsys.fleet")
-
-
-class ProbeUnsupportedError(ActorsysError):
-    """The engine has no way to answer a token probe (the pin then checks the version only)."""
 
 
 @runtime_checkable

@@ -9,7 +9,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from actorsys.fleet.on_all import Named, PinError, PinViolationError
+from actorsys._errors import WeightsMismatchError
+from actorsys.fleet.on_all import Named
 from actorsys.fleet.pin.probe.reference_answer import Reference
 
 
@@ -23,64 +24,6 @@ class PrefillAnswer:
 
 Answer = list[list[int]] | PrefillAnswer
 """An engine's answer to the probe: its greedy tokens per prompt, or a prefill's log-probabilities."""
-
-
-class WeightsMismatchError(PinViolationError):
-    """An engine reads back the right version but computes something the snapshot does not.
-
-    ``answer`` is the engine's greedy tokens for each probe prompt, ``reference`` the
-    snapshot's; ``prompt`` and ``position`` locate the first clear disagreement, ``gap`` is
-    how far (in log-probability) the snapshot puts the engine's token below its own choice
-    there, and ``margin`` what a near-tie may be. For an engine probed by prefill
-    (``prefill``), ``answer`` and ``reference`` are the log-probabilities of the fixed
-    continuation, and ``prompt``, ``position``, ``gap`` locate their widest difference.
-    """
-
-    def __init__(
-        self,
-        engine: str,
-        version: str,
-        *,
-        answer: list[list[int]] | list[list[float]],
-        reference: list[list[int]] | list[list[float]],
-        prompt: int,
-        position: int,
-        gap: float,
-        margin: float,
-        prefill: bool = False,
-    ) -> None:
-        if prefill:
-            detail = (
-                f"probe sequence {prompt}: the engine's log-probabilities of the fixed "
-                f"continuation {_rounded(answer[prompt])}, the snapshot's "
-                f"{_rounded(reference[prompt])} (token {position} differs by {gap:.3g}; "
-                f"numerics may move one by {margin:.3g})"
-            )
-        else:
-            detail = (
-                f"probe prompt {prompt}, token {position}: the engine answered "
-                f"{answer[prompt]}, the snapshot answers {reference[prompt]} (the engine's "
-                f"token is {gap:.3g} below the snapshot's choice in log-probability; a "
-                f"near-tie is within {margin:.3g})"
-            )
-        PinError.__init__(
-            self,
-            engine,
-            f"reads back version {version!r} but does not serve its weights: {detail}",
-        )
-        self.prefill = prefill
-        self.expected = version
-        self.actual = version
-        self.answer = answer
-        self.reference = reference
-        self.prompt = prompt
-        self.position = position
-        self.gap = gap
-        self.margin = margin
-
-
-def _rounded(values: Sequence[float | int]) -> list[float | int]:
-    return [round(v, 2) if isinstance(v, float) else v for v in values]
 
 
 def prefill_disagreement(

@@ -9,7 +9,7 @@ import os
 import random
 from collections.abc import Sequence
 
-from actorsys._errors import ActorsysError
+from actorsys._errors import ReferenceUnavailableError
 
 PROBE_PROMPTS = 4
 PROMPT_TOKENS = 8
@@ -44,11 +44,6 @@ PROBE_SAMPLING = {
 }
 """Sampling parameters of the weight probe: greedy, every penalty off (a model's generation
 config may set some by default), end-of-sequence ignored."""
-
-
-class ReferenceUnavailableError(ActorsysError):
-    """The snapshot has no config to take the probe's prompts from (the pin then checks the
-    version only)."""
 
 
 def probe_prompts(vocab_size: int) -> list[list[int]]:

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from actorsys._errors import ActorsysError
+from actorsys._errors import ReferenceFailedError  # noqa: F401 - defined there, imported from here
 from actorsys.fleet.model_load import load_causal_lm
 from actorsys.fleet.pin.probe.prompts import (
     ABS_MARGIN,
@@ -22,12 +22,6 @@ from actorsys.fleet.pin.probe.prompts import (
     prefill_sequences,
     probe_prompts,
 )
-
-
-class ReferenceFailedError(ActorsysError):
-    """The snapshot's answer could not be computed this time (the reference worker crashed or
-    ran out of memory, or transformers failed on the snapshot). The pin reports it on its
-    verdict (``PinVerdict.unverified``), and the next pin asks again."""
 
 
 class ReferenceSource(Protocol):
