@@ -173,10 +173,11 @@ class EvalSupervisor:
         The arguments (``SubmitArguments``, all keyword-only): ``model=None, state_dict=None,
         export=None, checkpoint_dir=None, require_marker=None, force=False``. Exactly one
         source: ``model`` / ``state_dict`` (copied to CPU before this returns, so the trainer
-        may change them right after), ``export`` (``async (step, path)`` that writes the
-        checkpoint into ``path``), or ``checkpoint_dir`` (an existing checkpoint, never
-        deleted). With ``save_hf`` set and no ``hf_dir``, no source evaluates the
-        trainer's own saved checkpoint of ``step``.
+        may change them right after; the copy runs in a worker thread, on the caller's current
+        CUDA streams, so the actors and evaluations run on meanwhile), ``export``
+        (``async (step, path)`` that writes the checkpoint into ``path``), or
+        ``checkpoint_dir`` (an existing checkpoint, never deleted). With ``save_hf`` set and no
+        ``hf_dir``, no source evaluates the trainer's own saved checkpoint of ``step``.
 
         Always a checkpoint, so a trio trainer that only awaits ``submit`` lets the actors
         run. Blocks only under ``overflow="backpressure"`` (or ``force=True``) while
