@@ -8,6 +8,7 @@ bash scripts/setup_vllm.sh
 .venv/bin/ruff check actorsys bridge tests examples bench
 .venv/bin/mypy
 # Three workers on two cores (much of a real-process test is waiting on a process or a socket):
-# each test file runs whole on one of them, and the files that start Ray, or vLLM, run one at a
-# time (tests/conftest.py: lane).
-.venv/bin/pytest -q -n 3 --dist loadfile "$@"
+# the modules that start Ray, or vLLM, run one test at a time, first, in the xdist_group of
+# that name; a module with an expensive module-scoped fixture runs whole on one worker; every
+# other test is scheduled on its own (tests/conftest.py: LANES).
+.venv/bin/pytest -q -n 3 --dist loadgroup --no-loadscope-reorder "$@"

@@ -51,50 +51,37 @@ def tmp_dirs(staging: Path) -> list[str]:
     return sorted(name for name in os.listdir(staging) if name.startswith(".tmp-"))
 
 
-def lane(nodeid: str) -> str:
-    """The pytest-xdist work unit of the test ``nodeid`` (``--dist loadfile`` as the test
-    command runs it): its file, so that a module's module- and session-scoped fixtures start
-    once on one worker; but every file that starts a Ray cluster (``ray`` in its name) shares
-    one lane, and so does every file that starts vLLM (``vllm`` in its name), so that two of
-    either never run at once (each takes a core-bound start and GiBs of memory)."""
-    path = nodeid.split("::", 1)[0]
-    name = path.rsplit("/", 1)[-1]
-    for tier in ("vllm", "ray"):
-        if tier in name:
-            return tier
-    return path
+LANES = ("ray", "vllm")
+"""The long lanes: every module that starts a Ray cluster (``RAY_TIER``) or a vLLM server
+(``VLLM_TIER``) puts its tests in the ``xdist_group`` of that name, so that under the test
+command's ``--dist loadgroup`` two of either never run at once (each takes a core-bound start
+and GiBs of memory). A module whose module-scoped fixture is expensive (an engine process, a
+training run) is a group of its own, named by its file, so the fixture starts on one worker;
+every other test is scheduled on its own."""
 
 
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
-    """``--dist loadfile`` schedules by :func:`lane`; any other mode is xdist's own."""
-    if config.getoption("dist") != "loadfile":
+def group(item: pytest.Item) -> str | None:
+    """The ``xdist_group`` of ``item``, if it has one."""
+    mark = item.get_closest_marker("xdist_group")
+    if mark is None:
         return None
-    from xdist.scheduler import LoadFileScheduling
-
-    class Lanes(LoadFileScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return lane(nodeid)
-
-        def _assign_work_unit(self, node: Any) -> None:
-            # The two long lanes first, so that neither is what the run waits for at its end.
-            for tier in ("ray", "vllm"):
-                if tier in self.workqueue:
-                    self.workqueue.move_to_end(tier, last=False)
-            super()._assign_work_unit(node)
-
-    return Lanes(config, log)  # type: ignore[arg-type]
+    return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A test marked ``ray`` or ``vllm`` lives in a file that :func:`lane` puts in that lane."""
+    """A test marked ``ray`` or ``vllm`` is in the lane of that name; the Ray lane's tests come
+    first, then the vLLM lane's, so that with ``--no-loadscope-reorder`` xdist hands the two
+    long lanes out first, to two workers, and neither is what the run waits for at its end.
+    The order is otherwise kept (the tests that share a vLLM server stay neighbours)."""
     for item in items:
-        for tier in ("vllm", "ray"):
-            if item.get_closest_marker(tier) is not None and lane(item.nodeid) != tier:
+        for tier in LANES:
+            if item.get_closest_marker(tier) is not None and group(item) != tier:
                 raise pytest.UsageError(
-                    f"{item.nodeid} is marked {tier} but its file name lacks {tier!r}: the "
-                    f"test command's workers would run it beside another {tier} test"
+                    f"{item.nodeid} is marked {tier} but not xdist_group({tier!r}): the test "
+                    f"command's workers would run it beside another {tier} test"
                 )
+    rank = {tier: index for index, tier in enumerate(LANES)}
+    items.sort(key=lambda item: rank.get(group(item) or "", len(LANES)))
 
 
 _ray_cluster = SharedCluster()
@@ -104,7 +91,7 @@ _ray_cluster = SharedCluster()
 def ray_cluster() -> Any:
     """The Ray tests' local cluster (``ray_cluster.LANE_NODES``), this process's driver
     connected to it: started by the first test that asks for it and shared by the Ray tests
-    that follow it (the test command runs them in a row, see ``lane``), stopped after the
+    that follow it (the test command runs them in a row, see ``LANES``), stopped after the
     last of them. A test that removes a node adds one back."""
     return _ray_cluster.get()
 
@@ -119,7 +106,7 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     shared = sys.modules.get("tests.fleet.vllm_server")
     if shared is not None:
         shared.SERVERS.keep_only(getattr(nextitem, "fixturenames", ()))
-    if nextitem is None or lane(nextitem.nodeid) != "ray":
+    if nextitem is None or group(nextitem) != "ray":
         _ray_cluster.stop()
 
 

@@ -12,7 +12,7 @@ Example::
 Inside, four supervised actors (Exporter -> FleetPinner -> EvalRunner -> Retirer, built in
 :mod:`actorsys._core.wiring`) move each point forward, each owning what it holds; admission is
 :mod:`actorsys._core.admission`, drain and close :mod:`actorsys._core.close`. The rules they keep are
-those of the design document, ``../shared/DESIGN.md`` (kept outside this repository).
+those ``docs/architecture.md`` draws.
 Nothing an evaluation does is raised here: it settles as an :class:`~actorsys.Outcome`.
 """
 
@@ -41,9 +41,15 @@ from actorsys.config import EvalConfig
 from actorsys.contracts import EvalFn
 from actorsys.fleet import Fleet
 from actorsys.outcome import CloseReport, DrainReport, SupervisorStatistics
-from actorsys.runtime import ThreadTracker
+from actorsys.runtime import ThreadTracker, run_blocking
 from actorsys.sinks import Sink
-from actorsys.snapshot import CapturedWeights, PoolStatistics, capture, prepare_weights
+from actorsys.snapshot import (
+    CapturedWeights,
+    PoolStatistics,
+    caller_streams,
+    capture,
+    prepare_weights,
+)
 
 log = logging.getLogger("actorsys")
 
@@ -168,10 +174,11 @@ class EvalSupervisor:
         The arguments (``SubmitArguments``, all keyword-only): ``model=None, state_dict=None,
         export=None, checkpoint_dir=None, require_marker=None, force=False``. Exactly one
         source: ``model`` / ``state_dict`` (copied to CPU before this returns, so the trainer
-        may change them right after), ``export`` (``async (step, path)`` that writes the
-        checkpoint into ``path``), or ``checkpoint_dir`` (an existing checkpoint, never
-        deleted). With ``save_hf`` set and no ``hf_dir``, no source evaluates the
-        trainer's own saved checkpoint of ``step``.
+        may change them right after; the copy runs in a worker thread, on the caller's current
+        CUDA streams, so the actors and evaluations run on meanwhile), ``export``
+        (``async (step, path)`` that writes the checkpoint into ``path``), or
+        ``checkpoint_dir`` (an existing checkpoint, never deleted). With ``save_hf`` set and no
+        ``hf_dir``, no source evaluates the trainer's own saved checkpoint of ``step``.
 
         Always a checkpoint, so a trio trainer that only awaits ``submit`` lets the actors
         run. Blocks only under ``overflow="backpressure"`` (or ``force=True``) while
@@ -191,15 +198,29 @@ class EvalSupervisor:
         weights = None
         if request.weights_source is not None and reservation.buffers is not None:
             try:
-                weights = capture(
-                    request.weights_source, buffers=reservation.buffers, plan=reservation.plan
-                )
+                weights = await self._copy(request, reservation)
             except BaseException:
                 self.release(reservation)
                 raise
         admitted = self.launch(reservation, weights)
         await trio.lowlevel.cancel_shielded_checkpoint()
         return admitted
+
+    async def _copy(self, request: SubmitRequest, reservation: Reservation) -> CapturedWeights:
+        """Copy the weights in a worker thread, so the actors run on while it copies: trio
+        waits for it also when cancelled (the trainer may change the weights once ``submit``
+        returns, and the buffers are written until the thread ends). The thread copies on the
+        caller's current CUDA streams (none on CPU), as a copy in the caller's thread would.
+        Cancelled before the thread starts, nothing was copied."""
+        source, buffers, plan = request.weights_source, reservation.buffers, reservation.plan
+        assert source is not None and buffers is not None
+        streams = caller_streams(plan) if plan is not None else None
+        return await run_blocking(
+            lambda: capture(source, buffers=buffers, plan=plan, streams=streams),
+            abandon_on_cancel=False, limiter=trio.CapacityLimiter(1),
+            description=f"copy of the weights of step {request.step}",
+            tracker=self._running().tracker,
+        )
 
     async def reserve(self, request: SubmitRequest) -> Reservation | None:
         """The admission half of ``submit``: validate, wait for a slot, check the disk, lease
@@ -208,7 +229,7 @@ class EvalSupervisor:
         Returns a :class:`Reservation` to ``launch`` once the weights are copied with
         ``capture(request.weights_source, buffers=reservation.buffers)`` (or to ``release``),
         or None if the point settled at once. For hosts that copy the weights in their own
-        thread (the bridge); ``submit`` is reserve + copy + launch. A reservation without
+        thread (the bridge); ``submit`` is reserve + copy (in a worker thread) + launch. A reservation without
         ``buffers`` needs no copy (a rank of a collective submit that holds no shards).
         """
         admission = self._running().admission
@@ -281,6 +302,7 @@ class EvalSupervisor:
         """
         self._warming.cancel()
         if self._wiring is None:
+            await trio.lowlevel.checkpoint()  # nothing to close, and still a checkpoint
             return CloseReport(clean=True, abandoned=[], stuck_threads=[])
         budget = self.config.close_timeout if timeout is None else timeout
         if self._contribution is not None:

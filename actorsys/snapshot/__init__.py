@@ -17,6 +17,7 @@ unchanged since reuses its plan (``_plans``).
 from actorsys.snapshot._capture import (
     CapturedWeights,
     WeightsReleasedError,
+    caller_streams,
     capture,
     capture_shards,
 )
@@ -58,6 +59,7 @@ __all__ = [
     "Source",
     "StatePlan",
     "WeightsReleasedError",
+    "caller_streams",
     "capture",
     "capture_shards",
     "copy_non_weight_files",

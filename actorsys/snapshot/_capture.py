@@ -5,8 +5,8 @@ from __future__ import annotations
 import copy
 import functools
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -136,23 +136,43 @@ class CapturedWeights:
             self._on_give_back()
 
 
+Streams = Mapping[torch.device, "torch.cuda.Stream"]
+
+
+def caller_streams(plan: StatePlan) -> dict[torch.device, torch.cuda.Stream]:
+    """The calling thread's current CUDA stream on each device ``plan``'s tensors are on, for
+    a copy that runs in another thread (``capture(..., streams=)``): a new thread's current
+    stream is the default one, not the trainer's. Empty on CPU, where it touches no CUDA
+    API. Non-blocking."""
+    if not plan.on_cuda:
+        return {}
+    devices = {t.device for t in plan.entries.values() if t.device.type == "cuda"}
+    return {device: torch.cuda.current_stream(device) for device in devices}
+
+
 def capture(
-    source: Source, *, buffers: BufferLease | None = None, plan: StatePlan | None = None
+    source: Source,
+    *,
+    buffers: BufferLease | None = None,
+    plan: StatePlan | None = None,
+    streams: Streams | None = None,
 ) -> CapturedWeights:
     """Copy ``source``'s tensors into CPU memory the pipeline owns.
 
-    Blocks the calling thread for one copy of the weights (of a peft model: of what trains,
-    plus the frozen tensors that changed since the pool kept them, all of them the first
-    time); afterwards the caller may change them freely. With ``buffers`` (a lease from the
+    Blocks the calling thread for one copy of the weights (of a peft model: of what trains, plus
+    the frozen tensors that changed since the pool kept them, all of them the first time);
+    afterwards the caller may change them freely. With ``buffers`` (a lease from the
     supervisor's pool) the copy goes into reused memory (waiting for it if the pool is still
     faulting it in); without, into fresh memory. Per-class metadata transformers is slow to
-    compute is only looked up here, never computed (see ``_conversions``). Tensors on CUDA
-    are copied asynchronously into the (pinned) set, then each CUDA device's current stream
-    is synchronised once. Raises ``TypeError`` / ``ValueError`` naming an entry that cannot
-    be written, :class:`~actorsys.UnsupportedModelError` for a model whose form cannot be
-    copied; the lease is given back on any error. ``plan`` is ``plan_state(source)`` if the
-    caller made it already (admission sizes the lease from it), so a submit plans once; the
-    tensors it names are read when the copy runs.
+    compute is only looked up here, never computed (see ``_conversions``). Tensors on CUDA are
+    copied asynchronously into the (pinned) set, then each CUDA device's current stream is
+    synchronised once (``streams``, from :func:`caller_streams`: the streams of the thread that
+    handed the weights over, for a copy in a worker thread). Raises ``TypeError`` /
+    ``ValueError`` naming an entry that cannot be written,
+    :class:`~actorsys.UnsupportedModelError` for a model whose form cannot be copied; the lease
+    is given back on any error. ``plan`` is ``plan_state(source)`` if the caller made it already
+    (admission sizes the lease from it), so a submit plans once; the tensors it names are read
+    when the copy runs.
     """
     if plan is None:
         plan = plan_state(source)
@@ -164,7 +184,7 @@ def capture(
                 f"the weights need {plan.buffer_nbytes} bytes of buffer, the lease holds "
                 f"{lease.nbytes}; did the model change between reserve and capture?"
             )
-        tensors = _copy_into(plan, lease) if plan.entries else {}
+        tensors = _copy_into(plan, lease, streams) if plan.entries else {}
         lease.prepare_spares()
         if plan.adapters is None:
             weights = CapturedWeights(tensors, nbytes=plan.nbytes, lease=lease)
@@ -210,8 +230,11 @@ def capture_shards(plan: StatePlan, lease: BufferLease) -> CapturedWeights:
     return weights
 
 
-def _copy_into(plan: StatePlan, lease: BufferLease) -> dict[str, torch.Tensor]:
-    """Copy ``plan``'s entries into ``lease``'s set; their views there, by name.
+def _copy_into(
+    plan: StatePlan, lease: BufferLease, given: Streams | None = None
+) -> dict[str, torch.Tensor]:
+    """Copy ``plan``'s entries into ``lease``'s set; their views there, by name. A CUDA
+    tensor is copied on ``given``'s stream for its device, else on the current one.
 
     The views are laid out once per plan and set: a plan recalled unchanged (``_plans``)
     keeps its ``memo``, which stands for its layout. An adapter plan's entries vary between
@@ -219,9 +242,11 @@ def _copy_into(plan: StatePlan, lease: BufferLease) -> dict[str, torch.Tensor]:
     entries = plan.entries
     layout = plan.memo if plan.adapters is None else None
     targets = lease.views(layout, functools.partial(_lay_out, entries))
-    streams: dict[torch.device, torch.cuda.Stream] = {}
+    streams: dict[torch.device, torch.cuda.Stream] = dict(given or {})
     try:
-        with torch.no_grad():
+        with torch.no_grad(), ExitStack() as on_given:
+            for stream in streams.values():
+                on_given.enter_context(torch.cuda.stream(stream))
             for name, source in entries.items():
                 on_cuda = source.device.type == "cuda"
                 if on_cuda and source.device not in streams:

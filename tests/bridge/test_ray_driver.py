@@ -12,12 +12,16 @@ from typing import Any
 
 import pytest
 
+from tests.fleet.ray_cluster import RAY_TIER
+
 pytest.importorskip("ray")
 
 DRIVER = Path(__file__).with_name("ray_driver.py")
 
 
-@pytest.mark.ray
+pytestmark = RAY_TIER
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_ray_driver_evaluates_through_the_async_bridge(tmp_path: Path, ray_cluster: Any) -> None:

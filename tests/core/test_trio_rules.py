@@ -1,11 +1,13 @@
-"""trio's rules hold for a trio trainer: file deletes never stall the trio thread, and
-``submit`` and ``drain`` always checkpoint, so a loop that only awaits ``submit`` lets its
-points settle."""
+"""trio's rules hold for a trio trainer: file deletes and the weights' copy never stall the
+trio thread, and ``submit``, ``drain`` and every close or wait always checkpoint, so a loop
+that only awaits ``submit`` lets its points settle."""
 
 from __future__ import annotations
 
+import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -13,6 +15,9 @@ import trio
 import trio.testing
 
 from actorsys import EvalConfig, EvalSupervisor, MemorySink, Outcome, staging
+from actorsys._core import supervisor as supervisor_module
+from actorsys.fleet._proc.process import spawn
+from actorsys.fleet.pin.reference import ReferenceWorker
 from tests.conftest import snapshot_dirs, tmp_dirs
 from tests.fakes import RecordingEval, tiny_state_dict, written_export
 
@@ -100,6 +105,101 @@ async def test_submit_and_drain_always_checkpoint(staging_dir: Path, tmp_path: P
             assert not await sup.submit(2, state_dict=tiny_state_dict())
         with trio.testing.assert_checkpoints():
             await sup.drain()
+
+
+class HeldCopy:
+    """Replaces the supervisor's ``capture``: the copy waits, in its thread, until the test
+    releases it; remembers the thread it ran in and when it ended."""
+
+    def __init__(self) -> None:
+        self.real = supervisor_module.capture
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.threads: list[int] = []
+        self.finished = False
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.threads.append(threading.get_ident())
+        self.entered.set()
+        assert self.release.wait(20), "the test never released the copy"
+        weights = self.real(*args, **kwargs)
+        self.finished = True
+        return weights
+
+
+@pytest.mark.timeout(30)
+async def test_submit_copies_the_weights_in_a_worker_thread_while_other_tasks_run(
+    staging_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    copy = HeldCopy()
+    monkeypatch.setattr(supervisor_module, "capture", copy)
+    sink = SettledSink(step=1)
+    config = EvalConfig(hf_dir=staging_dir, max_in_flight=1)
+
+    async def run_while_copying() -> None:
+        # Only a trio thread left free during the copy takes this thread's result back.
+        await trio.to_thread.run_sync(copy.entered.wait)
+        copy.release.set()
+
+    async with EvalSupervisor.open(config, eval_fn=RecordingEval(), sink=sink) as sup:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run_while_copying)
+            assert await sup.submit(1, state_dict=tiny_state_dict())
+            assert copy.finished  # submit returned only after the copy
+        await sink.settled.wait()
+    assert copy.threads and copy.threads[0] != threading.get_ident()
+    assert [(o.step, o.ok) for o in sink.outcomes] == [(1, True)]
+
+
+@pytest.mark.timeout(30)
+async def test_a_submit_cancelled_during_its_copy_still_returns_after_the_copy(
+    staging_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    copy = HeldCopy()
+    monkeypatch.setattr(supervisor_module, "capture", copy)
+    sink = SettledSink(step=1)
+    config = EvalConfig(hf_dir=staging_dir, max_in_flight=1)
+    async with EvalSupervisor.open(config, eval_fn=RecordingEval(), sink=sink) as sup:
+        with trio.CancelScope() as scope:
+            async def cancel_during_copy() -> None:
+                await trio.to_thread.run_sync(copy.entered.wait)
+                scope.cancel()
+                copy.release.set()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(cancel_during_copy)
+                admitted = await sup.submit(1, state_dict=tiny_state_dict())
+        assert admitted and copy.finished
+        await sink.settled.wait()
+    assert [(o.step, o.ok) for o in sink.outcomes] == [(1, True)]
+
+
+async def test_closing_a_supervisor_is_a_checkpoint_also_when_it_never_ran_or_closed_already(
+    staging_dir: Path,
+) -> None:
+    config = EvalConfig(hf_dir=staging_dir)
+    never_opened = EvalSupervisor(config, eval_fn=RecordingEval())
+    with trio.testing.assert_checkpoints():
+        assert (await never_opened.aclose()).clean
+    async with EvalSupervisor.open(config, eval_fn=RecordingEval()) as sup:
+        pass
+    with trio.testing.assert_checkpoints():
+        assert (await sup.aclose()).clean
+
+
+async def test_closing_a_reference_worker_that_never_started_is_a_checkpoint() -> None:
+    worker = ReferenceWorker()
+    with trio.testing.assert_checkpoints():
+        await worker.aclose()
+    assert worker.pid is None
+
+
+@pytest.mark.timeout(30)
+async def test_waiting_for_a_process_that_already_exited_is_a_checkpoint() -> None:
+    process = spawn("exits", [sys.executable, "-c", "pass"], grace=1.0)
+    assert await process.wait() == 0
+    with trio.testing.assert_checkpoints():
+        assert await process.wait() == 0
 
 
 @pytest.fixture

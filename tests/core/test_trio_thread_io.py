@@ -1,11 +1,13 @@
 """No file operation of a pipeline run blocks the trio thread: every fsync, rename, delete and
-free-space check runs in a worker thread (``actorsys.runtime.run_blocking``)."""
+free-space check runs in a worker thread (``actorsys.runtime.run_blocking``), and so does
+opening a child process's log."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import sys
 import threading
 import traceback
 from collections.abc import Callable, Sequence
@@ -16,6 +18,7 @@ import pytest
 import trio
 
 from actorsys import EvalConfig, EvalSupervisor, JsonlSink, staging
+from actorsys.fleet._proc import process as process_module
 from tests.conftest import snapshot_dirs, tmp_dirs
 from tests.fakes import RecordingEval, tiny_state_dict, written_export
 
@@ -84,3 +87,17 @@ async def test_a_pipeline_run_never_fsyncs_renames_deletes_or_statvfs_on_the_tri
     assert sorted((row["step"], row["reason"]) for row in rows) == [
         (1, None), (2, None), (3, "export_failed"), (4, None), (5, None)
     ]
+
+
+@pytest.mark.timeout(30)
+async def test_a_trio_owner_opens_its_child_process_log_off_the_trio_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    watch = TrioThreadWatch(monkeypatch, [(process_module, "open_private")])
+    log = tmp_path / "child.log"
+    child = await process_module.start(
+        "child", [sys.executable, "-c", "print('hello')"], log_path=str(log), grace=1.0
+    )
+    assert await child.wait() == 0
+    assert watch.on_trio_thread == [] and watch.calls == {"open_private": 1}
+    assert log.read_text() == "hello\n"

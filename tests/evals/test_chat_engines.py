@@ -21,7 +21,8 @@ from tests.chat_models import CONVERSATIONS, without_chat_template
 from tests.engine_process import engine_process
 from tests.evals.conftest import CHAT_TOKENS, ChatSet
 
-pytestmark = pytest.mark.slow
+# One engine process for the module: its tests share one worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("evals/test_chat_engines")]
 
 
 def config(tmp_path: Path, chat_set: ChatSet) -> EvalConfig:

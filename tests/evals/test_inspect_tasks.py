@@ -20,7 +20,8 @@ from actorsys.evals import InspectTasks
 from tests.chat_models import greedy_chat
 from tests.evals.chat_engine import ChatEngine, chat_engine
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+# One engine process for the module: its tests share one worker.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.xdist_group("evals/test_inspect_tasks")]
 # Imported while the module is collected: a first import deep in a test's stack, after other
 # tests left garbage to collect, can hit CPython 3.11's "AST constructor recursion depth
 # mismatch" in pydantic's docstring parsing (a finalizer running inside ast.parse).

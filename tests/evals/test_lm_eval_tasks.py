@@ -34,6 +34,9 @@ from actorsys.evals._door.gate import VERSION_HEADER, RequestGate
 from actorsys.fleet.local import LocalFleet, embedded, free_port
 from tests.models import greedy, make_model, make_snapshot
 
+# Models made once for the module: its tests share one worker.
+pytestmark = pytest.mark.xdist_group("evals/test_lm_eval_tasks")
+
 DATA = Path(__file__).parent.parent / "data" / "lm_eval"
 TASKS = ["tiny_gen", "tiny_mc"]
 GEN_PROMPTS = [

@@ -27,7 +27,8 @@ from actorsys.fleet import StaleWeightsError
 from tests.chat_models import greedy_chat
 from tests.evals.chat_engine import ChatEngine, chat_engine
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+# One engine process for the module: its tests share one worker.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.xdist_group("evals/test_openai_eval")]
 
 MAX_TOKENS = 8
 TURN_1 = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "what is 12 * 7?"}]

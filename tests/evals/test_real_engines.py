@@ -26,7 +26,8 @@ from tests.engine_process import engine_processes
 from tests.evals.conftest import Answers, process_tree, running
 from tests.fleet.conftest import TinyModels
 
-pytestmark = pytest.mark.slow
+# Two engine processes for the module: its tests share one worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("evals/test_real_engines")]
 
 
 def config(tmp_path: Path, tiny: TinyModels) -> EvalConfig:

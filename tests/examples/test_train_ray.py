@@ -12,13 +12,17 @@ from typing import Any
 
 import pytest
 
+from tests.fleet.ray_cluster import RAY_TIER
+
 pytest.importorskip("ray")
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_ray.py"
 SHARDS = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
 
 
-@pytest.mark.ray
+pytestmark = RAY_TIER
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_ray_trainer_exports_shards_from_both_workers_and_evaluates_them_on_ray(

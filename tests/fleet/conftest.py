@@ -23,12 +23,15 @@ VLLM_PYTHON = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "pyth
 VLLM_TIER = [
     pytest.mark.vllm,
     pytest.mark.slow,
+    pytest.mark.xdist_group("vllm"),
     pytest.mark.skipif(
         not VLLM_PYTHON.exists(),
         reason="vLLM tier: .venv-vllm is missing; run scripts/setup_vllm.sh to set it up",
     ),
 ]
-"""The marks of a module that drives a real vLLM server from ``.venv-vllm``."""
+"""The marks of a module that drives a real vLLM server from ``.venv-vllm``: its tests run in
+the test command's vLLM lane (one worker, one after another: each server takes a core-bound
+start and GiBs of memory)."""
 
 
 @dataclass(frozen=True)

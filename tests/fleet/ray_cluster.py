@@ -12,6 +12,12 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
+import pytest
+
+RAY_TIER = [pytest.mark.ray, pytest.mark.slow, pytest.mark.xdist_group("ray")]
+"""The marks of a module that starts a Ray cluster: its tests run in the test command's Ray
+lane (one worker, one after another, sharing the cluster the root conftest keeps)."""
+
 NODE_MEMORY = 80 * 1024 * 1024
 
 SLOT = "engine_slot"

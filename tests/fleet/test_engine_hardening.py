@@ -23,6 +23,9 @@ from actorsys.fleet.vllm_worker.actorsys_api_key import ApiKeyMiddleware
 from tests.engine_process import engine_process as serve_engine
 from tests.fleet.conftest import TinyModels
 
+# One engine process for the module: its tests share one worker.
+pytestmark = pytest.mark.xdist_group("fleet/test_engine_hardening")
+
 URL = "http://engine"
 KEY = "the-fleet-key"
 

@@ -29,9 +29,10 @@ from actorsys.fleet.local import FleetStartError  # noqa: E402
 from actorsys.fleet.ray import ACTOR_ANSWER_TIMEOUT, RayFleet, await_ref  # noqa: E402
 from tests.fleet.conftest import TinyModels  # noqa: E402
 from tests.fleet.pipeline import assert_pinned, evaluate, pipeline  # noqa: E402
+from tests.fleet.ray_cluster import RAY_TIER  # noqa: E402
 from tests.models import PROMPTS  # noqa: E402
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("ray_cluster")]
+pytestmark = [*RAY_TIER, pytest.mark.usefixtures("ray_cluster")]
 
 ENGINE = {"num_cpus": 0.5}
 

@@ -28,10 +28,10 @@ from actorsys import (  # noqa: E402
 )
 from actorsys.fleet.ray import RayFleet, await_ref  # noqa: E402
 from tests.fleet.conftest import TinyModels  # noqa: E402
-from tests.fleet.ray_cluster import SLOT, add_node  # noqa: E402
+from tests.fleet.ray_cluster import RAY_TIER, SLOT, add_node  # noqa: E402
 from tests.models import PROMPTS  # noqa: E402
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+pytestmark = RAY_TIER
 
 
 class ServedBy(CheckpointEvalFn):

@@ -28,6 +28,9 @@ from actorsys.fleet.pin.verdict import PinVerdict, ProbeCancelledError
 from tests.fakes import FakeEngine
 from tests.fleet.conftest import TinyModels
 
+# Reference answers computed once for the module: its tests share one worker.
+pytestmark = pytest.mark.xdist_group("fleet/test_verdict")
+
 
 class AnswersAs(FakeEngine):
     """Reads back whatever version it loads, and answers the probe as ``serves`` does (its

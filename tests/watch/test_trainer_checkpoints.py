@@ -13,6 +13,9 @@ import trio
 from tests.watch.test_watch import Recording, watcher
 from tests.watch.trainer_run import train_with_checkpoints
 
+# A training run made once for the module: its tests share one worker.
+pytestmark = pytest.mark.xdist_group("watch/test_trainer_checkpoints")
+
 STEPS = 6
 SAVE_STEPS = 2
 

@@ -9,7 +9,9 @@ grace period.
 The kernel ties ``PR_SET_PDEATHSIG`` to the *thread* that forked, so ``spawn`` forks from the
 calling thread (the trio thread, which lives as long as its owner) and not from a worker
 thread the way ``trio.run_process`` does: a cached worker thread that exits after a few idle
-seconds would take the engine with it.
+seconds would take the engine with it. A trio owner calls :func:`start`, which opens the log
+in a worker thread first (no file is opened on the trio thread); ``spawn`` is for an owner
+that is not a trio program (a Ray actor's thread).
 """
 
 from __future__ import annotations
@@ -81,6 +83,8 @@ class ManagedProcess:
                     await trio.lowlevel.wait_readable(fd)
             finally:
                 os.close(fd)
+        else:
+            await trio.lowlevel.checkpoint()  # a wait is always a checkpoint, also when done
         status = self.returncode
         assert status is not None
         return status
@@ -149,9 +153,11 @@ def spawn(
     grace: float = 5.0,
     cwd: str | None = None,
     pass_fds: Sequence[int] = (),
+    log_fd: int | None = None,
 ) -> ManagedProcess:
     """Start ``command`` under a reaper in a new process group; output goes to ``log_path``
-    (appended to; a link or another user's file there raises ``UnsafePathError``).
+    (appended to; a link or another user's file there raises ``UnsafePathError``), or to
+    ``log_fd`` (``log_path`` opened already, by :func:`open_log`; closed here).
     ``pass_fds``: descriptors the command inherits, at the same numbers (a listening socket
     the caller bound, see ``_port``); no other descriptor of this process reaches it.
 
@@ -161,8 +167,9 @@ def spawn(
     fds = [f"--pass-fds={','.join(str(fd) for fd in pass_fds)}"] if pass_fds else []
     argv = [sys.executable, "-I", REAPER, str(os.getpid()), str(grace), *fds, "--", *command]
     environment = dict(os.environ if env is None else env)
-    if log_path is not None:
-        log_fd = open_private(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    if log_path is not None and log_fd is None:
+        log_fd = open_log(log_path)
+    if log_fd is not None:
         with os.fdopen(log_fd, "ab") as log:
             popen = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -174,3 +181,32 @@ def spawn(
             pass_fds=tuple(pass_fds),
         )
     return ManagedProcess(name, popen, log_path)
+
+
+def open_log(path: str) -> int:
+    """A descriptor appending to ``path`` (created private; a link or another user's file
+    raises ``UnsafePathError``). Blocking: a file operation."""
+    return open_private(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+
+
+async def start(
+    name: str,
+    command: Sequence[str],
+    *,
+    log_path: str | None = None,
+    env: Mapping[str, str] | None = None,
+    grace: float = 5.0,
+    cwd: str | None = None,
+    pass_fds: Sequence[int] = (),
+) -> ManagedProcess:
+    """``spawn`` for a trio owner: opens ``log_path`` in a worker thread (waited for when
+    cancelled, so no descriptor is left open), then forks from the calling (trio) thread."""
+    log_fd = None
+    if log_path is not None:
+        log_fd = await run_blocking(
+            partial(open_log, log_path), abandon_on_cancel=False,
+            limiter=trio.CapacityLimiter(1), description=f"opening {log_path}",
+            tracker=ThreadTracker(),
+        )
+    return spawn(name, command, log_path=log_path, env=env, grace=grace, cwd=cwd,
+                 pass_fds=pass_fds, log_fd=log_fd)

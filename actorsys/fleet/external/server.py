@@ -36,7 +36,7 @@ import trio
 
 from actorsys._errors import ConfigError
 from actorsys.fleet._proc.port import until_owned
-from actorsys.fleet._proc.process import ManagedProcess, spawn
+from actorsys.fleet._proc.process import ManagedProcess, open_log, spawn
 from actorsys.fleet._proc.serving import free_port, new_api_key, wait_healthy
 from actorsys.fleet.clients._http import check_url
 from actorsys.fleet.clients.flavor import FLAVORS, Flavor, engine_of_flavor
@@ -232,10 +232,11 @@ class ExternalServer:
             self.launch, port, api_key=self.api_key, key_in_argv=self._argv_key,
             launches_vllm=self.launches_vllm, tied_reload=self.tied_reload,
         )
-        self.log_path = await self._in_thread(_new_log, "creation of the server's log")
+        log_path = self.log_path = await self._in_thread(_new_log, "creation of the server's log")
+        log_fd = await self._in_thread(lambda: open_log(log_path), f"opening {log_path}")
         # Forked from this (the evaluating trio) thread: the server lives as long as it.
-        self.process = spawn("eval-server", argv, log_path=self.log_path, env=env,
-                             grace=self.grace)
+        self.process = spawn("eval-server", argv, log_path=log_path, env=env, grace=self.grace,
+                             log_fd=log_fd)
         self.url = f"http://127.0.0.1:{port}"
         self._port = port
         log.info("launched the server %s at %s (log %s)", argv[0], self.url, self.log_path)

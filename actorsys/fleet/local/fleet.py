@@ -136,7 +136,7 @@ class LocalFleet:
                                                "make the fleet's log directory")
         try:
             for index, spec in enumerate(specs):
-                local.engines.append(start_engine(f"{spec.kind}-{index}", spec,
+                local.engines.append(await start_engine(f"{spec.kind}-{index}", spec,
                                                   log_dir=local.log_dir, api_key=local.api_key,
                                                   grace=grace))
             for engine in local.engines:
@@ -175,7 +175,7 @@ class LocalFleet:
         return [engine.url for engine in self.engines]
 
     async def _start_router(self) -> None:
-        self.router, self.router_url = start_router(self.urls, log_dir=self.log_dir,
+        self.router, self.router_url = await start_router(self.urls, log_dir=self.log_dir,
                                                     grace=self.grace)
         await wait_started(self.router, self.router_url, startup_timeout=self.startup_timeout,
                            proven=False)
@@ -202,7 +202,7 @@ class LocalFleet:
         if engine.listener is not None and engine.spec.listen is None:
             engine.listener.close()  # a spec that binds its own port replaced one that did not
             engine.listener = None
-        started = start_engine(engine.name, engine.spec, log_dir=self.log_dir,
+        started = await start_engine(engine.name, engine.spec, log_dir=self.log_dir,
                                api_key=self.api_key, grace=self.grace, port=engine.port,
                                listener=engine.listener)
         engine.process, engine.listener = started.process, started.listener

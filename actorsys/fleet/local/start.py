@@ -20,14 +20,14 @@ from functools import partial
 import trio
 
 from actorsys.fleet._proc.port import held_listener, until_owned
-from actorsys.fleet._proc.process import ManagedProcess, spawn
+from actorsys.fleet._proc.process import ManagedProcess, start
 from actorsys.fleet._proc.serving import free_port, get_health, new_api_key, wait_healthy
 from actorsys.fleet.local.engine import LocalEngine
 from actorsys.fleet.local.specs import ROUTER_KEY_ENV, EngineSpec, router_command
 from actorsys.fleet.on_all import FleetStartError
 
 
-def start_engine(
+async def start_engine(
     name: str,
     spec: EngineSpec,
     *,
@@ -50,7 +50,7 @@ def start_engine(
         listener = None
         port = free_port() if port is None else port
         command = spec.command(port)
-    process = spawn(
+    process = await start(
         name,
         command,
         log_path=log_path(log_dir, f"{name}.log"),
@@ -63,10 +63,10 @@ def start_engine(
                        listener=listener)
 
 
-def start_router(worker_urls: list[str], *, log_dir: str, grace: float) -> tuple[ManagedProcess, str]:
+async def start_router(worker_urls: list[str], *, log_dir: str, grace: float) -> tuple[ManagedProcess, str]:
     """Start sglang-router over ``worker_urls`` on a free port; the process and its URL."""
     port, metrics_port = free_port(), free_port()
-    router = spawn(
+    router = await start(
         "router",
         router_command(port, metrics_port, worker_urls),
         log_path=log_path(log_dir, "router.log"),
@@ -111,5 +111,5 @@ def log_directory(log_dir: str | None) -> str:
 
 
 def log_path(log_dir: str, name: str) -> str:
-    """``name`` in the log directory (``spawn`` opens it without following links)."""
+    """``name`` in the log directory (``start`` opens it without following links)."""
     return os.path.join(log_dir, name)

@@ -120,6 +120,7 @@ class ReferenceWorker:
         with self._guard:
             process, self._box[0] = self._box[0], None
         if process is None:
+            await trio.lowlevel.checkpoint()  # nothing to reap, and still a checkpoint
             return
         if process.poll() is None:
             process.kill()

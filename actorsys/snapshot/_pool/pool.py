@@ -1,9 +1,10 @@
 """Reused CPU buffers for weight copies: at most ``max_sets`` of them, leased one per point.
 
 Copying weights into fresh memory is dominated by page faults: for a 412 MB state dict, 1-4 s
-when the memory stays alive, against 25-45 ms into memory already mapped (see DESIGN.md). A
-non-blocking export that allocated per point would stall the trainer longer than the blocking
-save it replaces, so each point leases a buffer set that earlier points already faulted in.
+when the memory stays alive, against 25-45 ms into memory already mapped (``bench/export.py``
+measures the first point's copy against a warm one). A non-blocking export that allocated per
+point would stall the trainer longer than the blocking save it replaces, so each point leases
+a buffer set that earlier points already faulted in.
 A set is one flat byte buffer; the capture lays the tensors out in it. Sets for weights that
 live on CUDA are pinned (page-locked), so device-to-host copies run asynchronously.
 
