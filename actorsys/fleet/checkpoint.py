@@ -7,7 +7,10 @@ it: the directory exists, carries the ``.complete`` marker where that is require
 describes the same architecture as the served model, and every safetensors file has a readable
 header whose tensors fit in the file and match the served model's names and shapes.
 
-Only headers are read (a few KB per shard), never the tensor data.
+Only headers are read (a few KB per shard), never the tensor data, and only from regular
+files: a FIFO, device or socket in a checkpoint (reached directly or through a link) is refused
+at once, before anything is opened, since opening a FIFO blocks until someone writes to it and
+reading a device never ends. A link to a regular file is fine.
 """
 
 from __future__ import annotations
@@ -15,9 +18,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 
 from actorsys._errors import CheckpointMismatchError
 from actorsys.staging import COMPLETE
@@ -52,12 +56,58 @@ class TensorInfo:
     shape: tuple[int, ...]
 
 
+def special_file(path: str) -> str | None:
+    """The first entry directly in directory ``path`` that is neither a regular file nor a
+    directory once links are followed (a FIFO, a device, a socket), as ``"name (a FIFO)"``;
+    None if there is none. Stats only (a stat of a FIFO never blocks); a dangling link or a
+    loop of links is no such entry. Blocking."""
+    with os.scandir(path) as entries:
+        for entry in sorted(entries, key=lambda e: e.name):
+            try:
+                mode = entry.stat(follow_symlinks=True).st_mode
+            except OSError:  # a dangling link, a loop of links: nothing that can be opened
+                continue
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                return f"{entry.name!r} ({_kind(mode)})"
+    return None
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISDIR, "a directory")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def open_regular(path: str, file: str) -> IO[bytes]:
+    """``file`` of checkpoint ``path`` opened for reading, only if it is a regular file (a
+    link to one is fine). Raises :class:`CheckpointMismatchError` for anything else, without
+    waiting: it is opened non-blocking and checked again on the open descriptor, so a file
+    swapped for a FIFO in between is refused too. ``FileNotFoundError`` where it is missing."""
+    name = os.path.basename(file)
+    mode = os.stat(file).st_mode
+    if not stat.S_ISREG(mode):
+        raise CheckpointMismatchError(path, f"{name} is {_kind(mode)}, not a regular file")
+    fd = os.open(file, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise CheckpointMismatchError(path, f"{name} is {_kind(mode)}, not a regular file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def read_config(path: str) -> dict[str, Any]:
     """The parsed ``config.json`` of checkpoint ``path``."""
     config_path = os.path.join(path, CONFIG)
     try:
-        with open(config_path, encoding="utf-8") as f:
-            config = json.load(f)
+        with open_regular(path, config_path) as f:
+            config = json.loads(f.read())
     except FileNotFoundError:
         raise CheckpointMismatchError(path, f"has no {CONFIG}") from None
     except (OSError, ValueError) as exc:
@@ -70,11 +120,13 @@ def read_config(path: str) -> dict[str, Any]:
 def weight_files(path: str) -> list[str]:
     """The safetensors files of checkpoint ``path`` (from its index when sharded)."""
     index_path = os.path.join(path, INDEX)
-    if os.path.isfile(index_path):
+    if os.path.lexists(index_path):
         try:
-            with open(index_path, encoding="utf-8") as f:
-                weight_map = json.load(f)["weight_map"]
+            with open_regular(path, index_path) as f:
+                weight_map = json.loads(f.read())["weight_map"]
             names = sorted(set(weight_map.values()))
+        except CheckpointMismatchError:
+            raise
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CheckpointMismatchError(path, f"{INDEX} is unreadable: {exc!r}"[:500]) from exc
         outside = [n for n in names if not _file_of(n)]
@@ -114,8 +166,8 @@ def read_tensor_infos(path: str) -> dict[str, TensorInfo]:
 
 def _read_header(path: str, file: str) -> dict[str, TensorInfo]:
     name = os.path.basename(file)
-    size = os.path.getsize(file)
-    with open(file, "rb") as f:
+    with open_regular(path, file) as f:
+        size = os.fstat(f.fileno()).st_size
         prefix = f.read(8)
         if len(prefix) < 8:
             raise CheckpointMismatchError(path, f"{name} is truncated ({size} bytes)")
@@ -174,10 +226,18 @@ def check_checkpoint(
 
     ``served_config`` / ``served_tensors`` describe the model the engine serves; each check is
     skipped when its reference is None. Raises :class:`CheckpointMismatchError` naming the
-    first problem found. Blocking (reads headers); a few milliseconds per shard.
+    first problem found (a FIFO, device or socket in ``path`` is one, found before anything
+    is opened). Blocking (reads headers); a few milliseconds per shard, never a wait.
     """
     if not os.path.isdir(path):
         raise CheckpointMismatchError(path, "is not a directory")
+    try:
+        special = special_file(path)
+    except OSError as exc:
+        raise CheckpointMismatchError(path, f"cannot be listed: {exc}") from exc
+    if special is not None:
+        raise CheckpointMismatchError(
+            path, f"holds {special}; a checkpoint holds only regular files and directories")
     if require_complete and not os.path.isfile(os.path.join(path, COMPLETE)):
         raise CheckpointMismatchError(path, f"has no {COMPLETE} marker (still being written?)")
     if served_config is not None:

@@ -126,7 +126,7 @@ class Recorder:
         if settlement.report is not None:
             getattr(self.report, settlement.report).append(checkpoint.step)
         if settlement.given_up is not None:
-            log.warning("%s %s; not retried", checkpoint.name, settlement.given_up)
+            log.warning("%r %s; not retried", checkpoint.name, settlement.given_up)
         return [
             ledger.note(checkpoint.name, checkpoint.fingerprint, checkpoint.step, key, status,
                         **fields)

@@ -10,7 +10,10 @@ Scans poll: checkpoint dirs often live on network filesystems, where inotify doe
 A scan never follows a symlink out of the directory: a checkpoint that is a link to a place
 outside it is left out (logged once), and inside a checkpoint links are looked at, never
 through, so a loop or a dangling link is one more file. A checkpoint that cannot be read is
-left out and logged once, never an error of the scan.
+left out and logged once, never an error of the scan; so is one that holds a FIFO, a device or
+a socket (:func:`~actorsys.fleet.checkpoint.special_file`: an engine that opened it would wait
+for good), and a name with a control character (``evil\nstep_6`` is no step 6). Names are
+logged with ``%r``.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from actorsys.fleet.checkpoint import special_file
 from actorsys.staging import COMPLETE, WEIGHT_SUFFIXES
 
 log = logging.getLogger("actorsys.watch")
@@ -79,8 +83,8 @@ def holds_file(directory: str, name: str) -> bool:
 
 def step_of(name: str) -> int | None:
     """The step a directory name ends in (``step_120``, ``iter_0000120``, ``checkpoint-120``),
-    or None."""
-    if name.startswith("."):
+    or None. Hidden names and names with a control character are no checkpoint's."""
+    if name.startswith(".") or any(ord(c) < 32 or 127 <= ord(c) < 160 for c in name):
         return None
     match = STEP_SUFFIX.search(name)
     return int(match.group(1)) if match else None
@@ -138,12 +142,16 @@ class Scanner:
             quiet is None or not _quiet_since(path, now - quiet)
         ):
             return None
+        special = special_file(path)
+        if special is not None:
+            self._warn_once(path, f"holds {special}, not a regular file; left out")
+            return None
         return Checkpoint(step, entry.name, path, holds_file(path, COMPLETE), fingerprint(path))
 
     def _warn_once(self, path: str, problem: str) -> None:
         if (path, problem) not in self._logged:
             self._logged.add((path, problem))
-            log.warning("%s %s", path, problem)
+            log.warning("%r %s", path, problem)
 
 
 def fingerprint(path: str) -> str:

@@ -231,7 +231,7 @@ class Watcher:
                     submitted.add(checkpoint.step)
                     self.recorder.claim(checkpoint)
                     self.started[checkpoint.step] = time.time()
-                    log.info("evaluating %s (step %d)", checkpoint.name, checkpoint.step)
+                    log.info("evaluating %r (step %d)", checkpoint.name, checkpoint.step)
                     try:
                         await sup.submit(
                             checkpoint.step,

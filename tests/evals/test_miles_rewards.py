@@ -203,14 +203,6 @@ async def test_a_records_own_rm_type_overrides_the_datasets_scorer() -> None:
     assert [s.score for s in await score_answers(custom, answers)] == [0.5, 0.5, 0.5, 1.0]
 
 
-def test_a_bad_rm_type_in_a_record_names_its_line(tmp_path: Any) -> None:
-    path = tmp_path / "d.jsonl"
-    path.write_text('{"prompt": "p", "label": "1"}\n{"prompt": "p", "label": "1", '
-                    '"metadata": {"rm_type": "fuzzy"}}\n')
-    with pytest.raises(DatasetError, match=r"line 2: metadata.rm_type: unknown scorer 'fuzzy'"):
-        EvalDataset.from_jsonl(path, metadata_key="metadata")
-
-
 @pytest.mark.timeout(120)
 async def test_maj_at_n_votes_over_the_extracted_answers() -> None:
     script = {

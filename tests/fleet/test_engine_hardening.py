@@ -64,6 +64,9 @@ class FakeHost:
             raise RuntimeError("the model failed on this batch")
         return [GenerationResult([5], "length", self.version) for _ in requests]
 
+    def check(self, path: str, *, require_complete: bool) -> None:
+        pass
+
     def load(self, path: str, version: str | None, *, require_complete: bool) -> None:
         self.loads.append(path)
         self.version = version or self.version

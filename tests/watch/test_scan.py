@@ -93,7 +93,7 @@ def test_a_checkpoint_linked_out_of_dir_is_left_out_logged_once_and_never_walked
             assert [c.name for c in scanner.scan(now=time.time())] == ["real_20", "step_30"]
     assert not [path for path in walked if path.startswith((str(outside), str(root / "step_10")))]
     assert [r.getMessage() for r in caplog.records].count(
-        f"{root / 'step_10'} is a link to {outside}, outside {root}; left out"
+        f"{str(root / 'step_10')!r} is a link to {outside}, outside {root}; left out"
     ) == 1
 
 
@@ -122,3 +122,32 @@ def test_the_fingerprint_changes_with_the_weights_and_only_with_them(tmp_path: P
     assert fingerprint(str(path)) == before
     (path / "model.safetensors").write_bytes(b"other weights")
     assert fingerprint(str(path)) != before
+
+
+def test_a_checkpoint_whose_weights_are_a_fifo_is_not_complete_and_is_logged_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    make_checkpoint(tmp_path, "step_1", ".complete")
+    path = make_checkpoint(tmp_path, "step_2", ".complete")
+    (path / "model.safetensors").unlink()
+    os.mkfifo(path / "model.safetensors")
+    caplog.set_level(logging.WARNING, "actorsys.watch")
+    scanner = Scanner(str(tmp_path))
+    assert [c.name for c in scanner.scan(now=time.time())] == ["step_1"]
+    assert [c.name for c in scanner.scan(now=time.time())] == ["step_1"]
+    said = [r.getMessage() for r in caplog.records if "a FIFO" in r.getMessage()]
+    assert len(said) == 1 and "'model.safetensors' (a FIFO), not a regular file" in said[0]
+
+
+def test_a_name_with_a_control_character_is_no_checkpoint_and_names_are_logged_quoted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    make_checkpoint(tmp_path, "evil\nstep_6", ".complete")
+    make_checkpoint(tmp_path, "step_\x1b[2K7", ".complete")
+    make_checkpoint(tmp_path, "step_8", ".complete")
+    assert names(tmp_path) == ["step_8"]
+    (tmp_path / "étape_9").symlink_to("/")
+    caplog.set_level(logging.WARNING, "actorsys.watch")
+    Scanner(str(tmp_path)).scan(now=time.time())
+    [line] = [r.getMessage() for r in caplog.records if "outside" in r.getMessage()]
+    assert line.startswith(f"{str(tmp_path / 'étape_9')!r} is a link to /,")

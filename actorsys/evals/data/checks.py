@@ -155,13 +155,10 @@ def _record_scorer(dataset: DatasetSettings, where: str, line: int | None,
     if metadata is not None and not isinstance(metadata, Mapping):
         raise DatasetError(where, line, dataset.metadata_key,
                            f"expected an object (the record's metadata), got {kind(metadata)}")
+    # A record names only a built-in scorer (record_scorer): anything else is refused at
+    # scoring, that record's scorer error, and is never imported here or in the workers.
     scorer = record_scorer(dataset.scorer, metadata)
     if scorer is not dataset.scorer:
-        try:
-            scorer = check_scorer(scorer, field=RM_TYPE)
-        except ConfigError as exc:
-            raise DatasetError(where, line, f"{dataset.metadata_key}.{RM_TYPE}",
-                               str(exc).removeprefix(f"{RM_TYPE}: ")) from None
         need_scorer(where, line, f"{dataset.metadata_key}.{RM_TYPE}", scorer, dataset.rm_url)
     return scorer
 

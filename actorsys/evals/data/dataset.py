@@ -66,7 +66,8 @@ class EvalDataset:
     chat messages) is rendered by the evaluated snapshot's own chat template, with the record's
     tools (``tool_key``), ``chat_template_kwargs`` and the generation prompt, and sent as the
     template's token ids. ``metadata_key`` names the record's metadata (its ``rm_type``
-    overrides ``scorer`` for that record, unless ``scorer`` is a custom one, as in miles);
+    overrides ``scorer`` for that record, unless ``scorer`` is a custom one, as in miles; a
+    record names only built-in scorers: any other ``rm_type`` is that record's scorer error);
     ``top_k`` limits sampling (-1 or 0: off); ``rm_url``
     is the reward server of ``remote_rm``.
     """

@@ -31,16 +31,47 @@ RM_TYPE = "rm_type"
 """The metadata key of a record's own scorer."""
 
 
+@dataclass(frozen=True)
+class RefusedScorer(Grading):
+    """What a record's ``rm_type`` that names no built-in scorer grades with: nothing. Every
+    answer of that record raises ``ValueError`` (scored 0, counted in
+    ``eval/<name>/scorer_errors``), and the name is never imported: datasets come from hubs
+    and mixing scripts, and a record must never choose the code that runs on its answer."""
+
+    rm_type: str
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return f"refused rm_type {self.rm_type[:100]!r}"
+
+    def grade(self, answer: str, label: Any, record: Mapping[str, Any]) -> float:
+        raise ValueError(
+            f"{RM_TYPE} {self.rm_type[:200]!r} is not a built-in scorer; a record may name "
+            f"only {', '.join(SCORERS)} or boxed_<one of them> (a dotted path is taken only "
+            "from the configuration: scorer=, --custom-rm-path, an --eval-config file)"
+        )
+
+
+def is_builtin_name(name: str) -> bool:
+    """Whether ``name`` is a built-in scorer, with at most one ``boxed_`` prefix."""
+    base = base_scorer(name)
+    return base in SCORERS and not base.startswith(BOXED)
+
+
 def record_scorer(default: Scorer, metadata: Mapping[str, Any] | None) -> Scorer:
     """The scorer of one record: its metadata's ``rm_type`` where set, else ``default``; a
     custom ``default`` (a callable, a dotted path: miles' ``--custom-rm-path``) grades every
-    record, as in miles."""
+    record, as in miles. An ``rm_type`` that is no built-in name (:func:`is_builtin_name`) is
+    a :class:`RefusedScorer`: that record's answers are scorer errors, never imports."""
     if is_custom(default):
         return default
     own = (metadata or {}).get(RM_TYPE)
-    if isinstance(own, str) and own.strip():
+    if own is None or (isinstance(own, str) and not own.strip()):
+        return default
+    if isinstance(own, str) and is_builtin_name(own.strip()):
         return own.strip()
-    return default
+    # a Grading goes wherever a scorer goes (score() calls its grade), as check_scorer's do
+    return RefusedScorer(str(own) if isinstance(own, str) else repr(own)[:200])  # type: ignore[return-value]
 
 
 def grading_input(record: Mapping[str, Any], metadata: Mapping[str, Any] | None,

@@ -93,7 +93,9 @@ def load_scorer(path: str) -> ScorerFn:
     try:
         module = importlib.import_module(module_name)
         function = getattr(module, attribute)
-    except Exception as exc:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # a module that exits at import (SystemExit) is a bad path
         raise ConfigError(
             "custom_rm_path",
             f"the scorer {path!r} does not import: {type(exc).__name__}: {exc}",

@@ -218,14 +218,18 @@ class VLLMEngine(HttpEngine):
 
     async def _read_files(self, read: Callable[[], T], description: str) -> T:
         """Read checkpoint files (headers and configs) in a worker thread; only reads, so a
-        cancelled caller abandons it."""
-        return await run_blocking(
-            read,
-            abandon_on_cancel=True,
-            limiter=self._file_limiter,
-            description=f"{self.name}: {description}",
-            tracker=self.threads,
-        )
+        cancelled caller abandons it. One read at a time: the caller holds the engine's file
+        token while it waits, and gives it back when it returns or is cancelled; the thread
+        itself runs on a limiter of its own, so a thread abandoned on a stuck file (a network
+        filesystem that stopped answering) holds no token that a later check needs."""
+        async with self._file_limiter:
+            return await run_blocking(
+                read,
+                abandon_on_cancel=True,
+                limiter=trio.CapacityLimiter(1),
+                description=f"{self.name}: {description}",
+                tracker=self.threads,
+            )
 
     def _read_reference(
         self, served: str | None

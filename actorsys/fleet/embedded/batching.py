@@ -46,6 +46,9 @@ class GenerationBatcher:
         self.host = host
         self.max_batch = max_batch
         self.lock = anyio.Lock()
+        # Weight loads (their bodies and checks) wait on a limiter of their own: requests'
+        # parsing and rendering can never keep a load from starting.
+        self.load_limiter = anyio.CapacityLimiter(1)
         self._send, self._receive = anyio.create_memory_object_stream[_Job](math.inf)
 
     def close(self) -> None:
@@ -108,7 +111,15 @@ class GenerationBatcher:
     async def load(self, path: str, version: str | None, require_complete: bool) -> None:
         """Swap in the weights at ``path`` once the running batch is done. Raises
         :class:`~actorsys.fleet.checkpoint.CheckpointMismatchError` (the served weights are
-        then unchanged)."""
+        then unchanged).
+
+        The checkpoint is checked first, outside the lock (generation goes on meanwhile), on
+        the loads' own limiter, so a bad checkpoint is refused without pausing anything; the
+        load checks it again under the lock (a few KB of headers) before it copies."""
+        async with self.load_limiter:
+            await anyio.to_thread.run_sync(
+                lambda: self.host.check(path, require_complete=require_complete)
+            )
         async with self.lock:
             await anyio.to_thread.run_sync(
                 lambda: self.host.load(path, version, require_complete=require_complete)

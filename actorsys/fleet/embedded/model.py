@@ -98,6 +98,18 @@ class ModelHost:
         parameters = inspect.signature(self.model.forward).parameters
         self._cache_arg = "cache" if "cache" in parameters else "past_key_values"
 
+    def check(self, path: str, *, require_complete: bool) -> None:
+        """Check that checkpoint ``path`` can replace the served weights (reads headers only,
+        never waits on a file: :func:`~actorsys.fleet.checkpoint.check_checkpoint`). Raises
+        :class:`CheckpointMismatchError`. Touches nothing of the served model, so it runs
+        beside generation."""
+        check_checkpoint(
+            os.path.abspath(path),
+            require_complete=require_complete,
+            served_config=self.config,
+            served_tensors=self.tensors,
+        )
+
     def load(self, path: str, version: str | None, *, require_complete: bool) -> None:
         """Replace the weights with those of checkpoint ``path`` and label them ``version``
         (None keeps the label).

@@ -132,12 +132,18 @@ class EmbeddedEngine(GenerationBatcher):
             raise _BadRequest("the client closed the connection before the body ended") from None
         return bytes(data)
 
-    async def _parsed(self, request: Request, build: Callable[[dict[str, Any]], T]) -> T:
+    async def _parsed(
+        self,
+        request: Request,
+        build: Callable[[dict[str, Any]], T],
+        limiter: anyio.CapacityLimiter | None = None,
+    ) -> T:
         """``build`` applied to the request's JSON body, parsed and built in a worker thread
-        (JSON decoding and tokenizing a large prompt take seconds)."""
+        (JSON decoding and tokenizing a large prompt take seconds), on ``limiter`` (default:
+        the parse limiter)."""
         data = await self._body(request)
         return await anyio.to_thread.run_sync(
-            lambda: build(parse_body(data)), limiter=self._parse_limiter
+            lambda: build(parse_body(data)), limiter=limiter or self._parse_limiter
         )
 
     async def _health(self, request: Request) -> JSONResponse:
@@ -184,7 +190,7 @@ class EmbeddedEngine(GenerationBatcher):
 
     async def _update_weights(self, request: Request) -> JSONResponse:
         try:
-            body = await self._parsed(request, lambda body: body)
+            body = await self._parsed(request, lambda body: body, self.load_limiter)
             path = body.get("model_path")
             if not isinstance(path, str) or not path:
                 raise _BadRequest("model_path: expected the checkpoint directory as a string")
