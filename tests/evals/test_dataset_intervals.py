@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from actorsys import RolloutFnEvalInput
-from actorsys.evals import DatasetEval, DatasetError, EvalDataset, load_eval_config
+from actorsys.evals import DatasetError, DatasetEval, EvalDataset, load_eval_config
 from tests.fakes import ScriptedFleet
 
 
