@@ -45,7 +45,8 @@ def plot_eval(
                 steps, values, errors = zip(*band, strict=True)
                 evals.fill_between(steps, [v - BAND * e for v, e in zip(values, errors, strict=True)],
                                    [v + BAND * e for v, e in zip(values, errors, strict=True)],
-                                   color=line.get_color(), alpha=0.2, linewidth=0)
+                                   color=line.get_color(), alpha=0.2, linewidth=0,
+                                   label=f"{name} ±{BAND} stderr")
     if best is not None:
         marked = [p for p in ok if p.step == best[0]]
         metric = best[1] if best[1] is not None else (names[0] if names else None)

@@ -24,7 +24,7 @@ BEST_MODES = ("max", "min")
 PROG = "actorsys report"
 
 
-class UsageError(Exception):
+class _BadArgument(Exception):
     """A bad argument found once the file is read: ``argument`` and what to pass instead."""
 
     def __init__(self, argument: str, message: str) -> None:
@@ -84,7 +84,7 @@ def run_report(args: argparse.Namespace) -> int:
             return run_compare(args.metrics, *args.compare)
         points = read_points(args.metrics)
         best = best_point(points, args.best_metric, args.best_mode, args.best_json)
-    except UsageError as exc:
+    except _BadArgument as exc:
         sys.stderr.write(f"{PROG}: {exc}\n")
         return EXIT_USAGE
     print_table(points, title=args.metrics, best=best)
@@ -119,7 +119,7 @@ def best_point(
         metric = METRIC_PREFIX + metric
     scored = [p for p in ok if metric in p.metrics and math.isfinite(p.metrics[metric])]
     if not scored:
-        raise UsageError("--best-metric", f"no ok point has {metric!r}; pass one of the file's "
+        raise _BadArgument("--best-metric", f"no ok point has {metric!r}; pass one of the file's "
                                           f"metrics, such as {score_metrics(ok)[:3]}")
     sign = 1.0 if mode == "max" else -1.0
     best = max(sorted(scored, key=lambda p: p.step), key=lambda p: sign * p.metrics[metric])
@@ -135,7 +135,7 @@ def _best_of_file(path: str) -> int:
             raise TypeError(step)
         return step
     except (OSError, ValueError, RecursionError, LookupError, TypeError) as exc:
-        raise UsageError("--best-json", f"{path} is not a best.json (a list of {{step, value, "
+        raise _BadArgument("--best-json", f"{path} is not a best.json (a list of {{step, value, "
                                         f"path}}, best first): {exc!r}") from None
 
 
@@ -176,20 +176,20 @@ def print_table(
 
 
 def run_compare(metrics: str, step_a: int, step_b: int) -> int:
-    """Print the paired comparison of ``step_b`` with ``step_a``; :class:`UsageError` where a
+    """Print the paired comparison of ``step_b`` with ``step_a``; :class:`_BadArgument` where a
     step has no ok point with samples, or the two share no dataset's prompt."""
     samples = []
     for step in (step_a, step_b):
         found = read_samples(metrics, step)
         if found is None:
-            raise UsageError("--compare", f"{metrics} has no ok point of step {step}")
+            raise _BadArgument("--compare", f"{metrics} has no ok point of step {step}")
         if not found:
-            raise UsageError("--compare", f"the point of step {step} keeps no samples "
+            raise _BadArgument("--compare", f"the point of step {step} keeps no samples "
                                           "(data['samples'], as DatasetEval writes them)")
         samples.append(found)
     found_comparisons = compare(*samples)
     if not found_comparisons:
-        raise UsageError("--compare", f"steps {step_a} and {step_b} scored no prompt of one "
+        raise _BadArgument("--compare", f"steps {step_a} and {step_b} scored no prompt of one "
                                       "dataset in common")
     print_comparison(found_comparisons, step_a, step_b)
     return 0

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import httpx
 import pytest
 
 from actorsys import RolloutFnEvalInput
 from actorsys.evals import DatasetError, DatasetEval, EvalDataset, load_eval_config
+from tests.evals.test_server_logic import Scripted
 from tests.fakes import ScriptedFleet
 
 
@@ -73,3 +75,14 @@ def test_the_eval_config_key_interval_sets_it_and_enters_the_fingerprint(tmp_pat
     config.write_text("datasets:\n  - {name: aime, path: a.jsonl, interval: 0}\n")
     with pytest.raises(DatasetError, match=r"eval.yaml.*line 2.*interval"):
         load_eval_config(config)
+
+
+async def test_server_eval_fn_neither_readies_nor_pins_its_server_at_a_step_nothing_is_due() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise AssertionError(f"the server was asked {request.url.path} at a step nothing is due")
+
+    evaluation = Scripted(refuse)
+    evaluation.datasets = [dataset("rare", interval=10)]
+    output = await evaluation.evaluate_checkpoint("/ckpt", point(7, None))
+    assert output.metrics == {} and output.data == {"samples": {}, "not_due": ["rare"]}
+    assert evaluation.recorder.requests == []
