@@ -64,7 +64,34 @@ def _point(row: dict[str, Any]) -> Point:
 
 def score_metrics(points: Sequence[Point]) -> list[str]:
     """The headline scores in ``points``: ``eval/<name>`` (a dataset's mean score, as the
-    evaluations name it); where there are none, every metric but the pipeline's timings."""
+    evaluations name it); where there are none, every metric but the pipeline's timings and
+    the standard errors (which go with their metric: :func:`stderr_name`)."""
     names = sorted({name for p in points for name in p.metrics} - set(PIPELINE_METRICS))
+    names = [n for n in names if not n.endswith(STDERR_SUFFIX)]
     headline = [n for n in names if n.count("/") == 1]
     return headline or names
+
+
+STDERR_SUFFIX = "/stderr"
+
+
+def stderr_name(metric: str) -> str:
+    """The name of ``metric``'s standard error: ``eval/math`` -> ``eval/math/stderr``,
+    ``eval/math/pass@4`` -> ``eval/math/pass@4/stderr``."""
+    return metric + STDERR_SUFFIX
+
+
+def read_samples(path: str | os.PathLike[str], step: int) -> dict[str, list[Any]] | None:
+    """``data["samples"]`` of the last ok point of ``step`` in the file at ``path`` (a dataset
+    name to its sample records, as :class:`~actorsys.evals.DatasetEval` keeps them), or None
+    if the file has no ok point of that step. Blocking (reads the file)."""
+    found: dict[str, list[Any]] | None = None
+    for line in read_lines(path):
+        row = line.row
+        if not isinstance(row, dict) or row.get("status") != "ok" or row.get("step") != step:
+            continue
+        data = row.get("data")
+        samples = data.get("samples") if isinstance(data, dict) else None
+        found = {str(name): list(records) for name, records in samples.items()
+                 if isinstance(records, list)} if isinstance(samples, dict) else {}
+    return found

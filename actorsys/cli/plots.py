@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from actorsys.metrics_file import Point, score_metrics
+from actorsys.metrics_file import Point, score_metrics, stderr_name
 
 MAX_LINES = 8
+BAND = 1.96
+"""The band drawn around a metric with a standard error: ±1.96 of it (95% for a normal mean)."""
 
 
 def plot_eval(
@@ -17,9 +19,12 @@ def plot_eval(
     metrics: Sequence[str] | None = None,
     train_loss: Sequence[tuple[int, float]] = (),
     title: str = "evaluation by step",
+    best: tuple[int, str | None] | None = None,
 ) -> None:
     """Write ``png``: each of ``metrics`` (default: the headline scores) of the ok points by
-    step, and beside it the training loss by step when ``train_loss`` is given."""
+    step, with a band of ±1.96 standard errors where the points carry one
+    (``<metric>/stderr``), and beside it the training loss by step when ``train_loss`` is
+    given. ``best``: the best point's step and the metric it is best by, marked with a star."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -33,7 +38,22 @@ def plot_eval(
     for name in names:
         series = [(p.step, p.metrics[name]) for p in ok if name in p.metrics]
         if series:
-            evals.plot(*zip(*series, strict=True), marker="o", label=name)
+            (line,) = evals.plot(*zip(*series, strict=True), marker="o", label=name)
+            band = [(p.step, p.metrics[name], p.metrics[stderr_name(name)]) for p in ok
+                    if name in p.metrics and stderr_name(name) in p.metrics]
+            if band:
+                steps, values, errors = zip(*band, strict=True)
+                evals.fill_between(steps, [v - BAND * e for v, e in zip(values, errors, strict=True)],
+                                   [v + BAND * e for v, e in zip(values, errors, strict=True)],
+                                   color=line.get_color(), alpha=0.2, linewidth=0,
+                                   label=f"{name} ±{BAND} stderr")
+    if best is not None:
+        marked = [p for p in ok if p.step == best[0]]
+        metric = best[1] if best[1] is not None else (names[0] if names else None)
+        if marked and metric is not None and metric in marked[0].metrics:
+            evals.plot([best[0]], [marked[0].metrics[metric]], marker="*", markersize=16,
+                       color="gold", markeredgecolor="black", linestyle="none",
+                       label=f"best: step {best[0]}", zorder=5)
     skipped = sorted({p.step for p in points if not p.ok})
     for step in skipped:
         evals.axvline(step, color="grey", alpha=0.3, linestyle=":")

@@ -126,6 +126,9 @@ async def test_a_generate_and_score_task_yields_its_metrics_on_the_pinned_snapsh
     assert outcome.status == "ok", (outcome.reason, outcome.data)
     assert outcome.metrics["eval/arith/exact/mean"] == 0.5
     assert "eval/arith/exact/stderr" in outcome.metrics
+    # one right of two: the standard error of the mean of (1, 0) is 0.5
+    stderr = outcome.metrics["eval/arith/exact/stderr"]
+    assert outcome.metrics["eval/arith/exact/mean/stderr"] == stderr == 0.5
     record = outcome.data["inspect"]["arith"]
     assert record["status"] == "success"
     assert [s["output"] for s in record["samples"]][0] == answer

@@ -90,7 +90,7 @@ def test_metrics_are_named_by_task_metric_and_filter_other_than_none() -> None:
     output = output_of(results, log_samples=False)
     assert output.metrics == {
         "eval/gsm8k/exact_match/strict-match": 0.25,
-        "eval/gsm8k/exact_match_stderr/strict-match": 0.1,
+        "eval/gsm8k/exact_match/strict-match/stderr": 0.1,
         "eval/gsm8k/exact_match/flexible-extract": 0.5,
         "eval/arc_easy/acc": 0.75,
         "eval/mmlu/acc": 0.4,

@@ -5,8 +5,10 @@ Wall-clock bound: each test has a timeout."""
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
+import statistics
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,7 +21,7 @@ import trio
 
 from actorsys import EvalConfig, EvalSkip, EvalSupervisor, MemorySink, RolloutFnEvalInput
 from actorsys.evals import DatasetEval, EvalDataset, ServerEvalFn
-from actorsys.evals.scoring.metrics import pass_at_k
+from actorsys.evals.scoring.metrics import pass_at_k, pass_ks
 from actorsys.fleet import Fleet, SGLangEngine
 from actorsys.fleet.local import LocalFleet, embedded, new_api_key
 from tests.engine_process import engine_processes
@@ -103,8 +105,23 @@ class LogEvent(logging.Handler):
         logger.setLevel(self.level_before)
 
 
+def recomputed_stderrs(dataset: str, samples: list[dict]) -> dict[str, float]:
+    """The standard errors of ``samples`` by hand: grouped by prompt, each prompt's mean score
+    and pass@k estimate, then stdev(ddof=1) / sqrt(prompts)."""
+    by_prompt: dict[str, list[float]] = {}
+    for sample in samples:
+        by_prompt.setdefault(sample["prompt"], []).append(sample["score"])
+    groups = list(by_prompt.values())
+    n = len(groups[0])
+    errors = {f"eval/{dataset}/stderr": statistics.stdev([sum(g) / n for g in groups])}
+    for k in pass_ks(n):
+        estimates = [pass_at_k(n, sum(score == 1.0 for score in g), k) for g in groups]
+        errors[f"eval/{dataset}/pass@{k}/stderr"] = statistics.stdev(estimates)
+    return {metric: error / math.sqrt(len(groups)) for metric, error in errors.items()}
+
+
 @pytest.mark.timeout(240)
-async def test_dataset_eval_scores_each_snapshot_on_two_engines_and_pass_at_k_is_the_estimator(
+async def test_dataset_eval_scores_each_snapshot_on_two_engines_and_pass_at_k_and_stderr_are_exact(
     tiny: TinyModels, answers: Answers, engines: Engines, tmp_path: Path
 ) -> None:
     greedy_set = answers.dataset(name="greedy")
@@ -132,6 +149,9 @@ async def test_dataset_eval_scores_each_snapshot_on_two_engines_and_pass_at_k_is
             hand = sum(pass_at_k(4, c, k) for c in correct) / 4
             assert metrics[f"eval/sampled/pass@{k}"] == pytest.approx(hand)
         assert metrics["eval/sampled"] == pytest.approx(sum(correct) / 16)
+        for dataset in ("greedy", "sampled"):
+            for metric, value in recomputed_stderrs(dataset, outcome.data["samples"][dataset]).items():
+                assert metrics[metric] == value, metric
 
 
 @pytest.mark.timeout(240)

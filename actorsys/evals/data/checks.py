@@ -79,6 +79,8 @@ def checked_settings(dataset: DatasetSettings, where: str) -> dict[str, Any]:
     require_int(where, "max_tokens", dataset.max_tokens, minimum=1)
     if dataset.limit is not None:
         require_int(where, "limit", dataset.limit, minimum=1)
+    if dataset.interval is not None:
+        require_int(where, "interval", dataset.interval, minimum=1)
     require_number(where, "temperature", dataset.temperature, low=0.0, low_open=False)
     require_number(where, "top_p", dataset.top_p, low=0.0, low_open=True, high=1.0)
     require_number(where, "score_timeout", dataset.score_timeout, low=0.0, low_open=True)

@@ -41,15 +41,18 @@ CHAT_FIELDS = ("apply_chat_template", "chat_template_kwargs", "tool_key", "metad
                "top_k", "rm_url")
 """The settings of chat and reasoning evaluations (they enter a dataset's fingerprint only
 when set, so the evaluations defined before them keep theirs)."""
+CADENCE_FIELDS = ("interval",)
+"""When a dataset is evaluated (it enters the fingerprint only when set, like ``CHAT_FIELDS``:
+a changed cadence makes a watched checkpoint due again)."""
 SAMPLING_FIELDS = ("input_key", "label_key", "n_samples", "max_tokens", "temperature", "top_p",
-                   "stop", "scorer", "limit", "score_timeout", *CHAT_FIELDS)
+                   "stop", "scorer", "limit", "score_timeout", *CHAT_FIELDS, *CADENCE_FIELDS)
 """The settings of a dataset beyond its name and records (what ``defaults`` may set)."""
 
 
 MAX_MESSAGE = DatasetError.MAX_MESSAGE
 """The longest message a :class:`DatasetError` carries; longer ones are cut."""
 
-__all__ = ["CHAT_FIELDS", "MAX_MESSAGE", "SAMPLING_FIELDS", "DatasetError", "EvalDataset"]
+__all__ = ["CADENCE_FIELDS", "CHAT_FIELDS", "MAX_MESSAGE", "SAMPLING_FIELDS", "DatasetError", "EvalDataset"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,6 +73,10 @@ class EvalDataset:
     record names only built-in scorers: any other ``rm_type`` is that record's scorer error);
     ``top_k`` limits sampling (-1 or 0: off); ``rm_url``
     is the reward server of ``remote_rm``.
+
+    ``interval``: the dataset is evaluated only at points whose step is a multiple of it
+    (:meth:`due`), on every path, so that an expensive set runs at every tenth point and a
+    cheap one at each; None: at every point.
     """
 
     name: str
@@ -91,6 +98,7 @@ class EvalDataset:
     metadata_key: str | None = None
     top_k: int | None = None
     rm_url: str | None = None
+    interval: int | None = None
     _lines: tuple[int, ...] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -129,6 +137,7 @@ class EvalDataset:
         metadata_key: str | None = None,
         top_k: int | None = None,
         rm_url: str | None = None,
+        interval: int | None = None,
     ) -> EvalDataset:
         """Read a JSONL file (one JSON object a line; blank lines are skipped); ``name``
         defaults to the file's stem. Reads at most ``limit`` records. Raises
@@ -158,8 +167,14 @@ class EvalDataset:
             metadata_key=metadata_key,
             top_k=top_k,
             rm_url=rm_url,
+            interval=interval,
             _lines=tuple(lines),
         )
+
+    def due(self, step: int) -> bool:
+        """Whether the point of ``step`` evaluates this dataset: ``step`` is a multiple of
+        ``interval`` (always, without one)."""
+        return self.interval is None or step % self.interval == 0
 
     @property
     def prompts(self) -> list[Any]:
@@ -210,8 +225,8 @@ class EvalDataset:
         settings = {
             "name": self.name,
             **{key: getattr(self, key) for key in SAMPLING_FIELDS
-               if key != "scorer" and key not in CHAT_FIELDS},
-            **{key: getattr(self, key) for key in CHAT_FIELDS
+               if key != "scorer" and key not in CHAT_FIELDS + CADENCE_FIELDS},
+            **{key: getattr(self, key) for key in CHAT_FIELDS + CADENCE_FIELDS
                if getattr(self, key) not in (None, False)},
             "scorer": scorer_name(self.scorer),
             "records": list(self.records),

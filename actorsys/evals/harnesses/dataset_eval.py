@@ -35,9 +35,11 @@ class DatasetEval(ScorerWarmUp, CheckpointEvalFn):
     counts as an error, scored 0. Every answer's weight version is checked against the pin (a
     stale one skips the point ``pin_violation``); if every request fails the point skips
     ``unhealthy``, or ``bad_request`` if the engines refused them all (a 4xx, such as a prompt
-    too long). Requests are fitted to the snapshot's context first (``max_tokens`` cut to what
-    each prompt leaves). Blocks on the engines; the supervisor's ``eval_timeout`` and close cancel
-    it. Bad arguments raise :class:`~actorsys.ConfigError` at construction.
+    too long). A dataset with an ``interval`` is evaluated only at the steps that are a multiple
+    of it (the others are named in ``data["not_due"]``). Requests are fitted to the snapshot's
+    context first (``max_tokens`` cut to what each prompt leaves). Blocks on the engines; the
+    supervisor's ``eval_timeout`` and close cancel it. Bad arguments raise
+    :class:`~actorsys.ConfigError` at construction.
     """
 
     runtime = "trio"
@@ -76,4 +78,5 @@ class DatasetEval(ScorerWarmUp, CheckpointEvalFn):
             request_timeout=self.request_timeout,
             retries=self.retries,
             checkpoint_dir=checkpoint_dir,
+            step=input.rollout_id,
         )

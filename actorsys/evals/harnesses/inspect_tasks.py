@@ -15,7 +15,9 @@ weights. Inspect runs on a private asyncio loop in its own thread (the host's as
 touched); cutting the evaluation cancels it there. Inspect allows one ``eval_async`` per
 process at a time, so the evaluations of every InspectTasks in a process take turns.
 
-Metrics: ``eval/<task>/<scorer>/<metric>`` (``eval/arith/match/accuracy``). ``data["inspect"]``
+Metrics: ``eval/<task>/<scorer>/<metric>`` (``eval/arith/match/accuracy``); where the scorer
+has inspect's ``stderr`` metric, it is also ``eval/<task>/<scorer>/<mean>/stderr`` beside its
+``accuracy`` or ``mean``. ``data["inspect"]``
 holds, per task, the run's status and every sample's record (input, target, output, scores,
 error); with ``log_dir`` inspect's own log files are kept there too (their paths in the data),
 otherwise they are written to a temporary directory and removed. A task that fails (its solver
@@ -47,6 +49,8 @@ from actorsys.runtime import AsyncioThread
 SERVICE = "actorsys"
 """The service part of the provider's model name (``openai-api/actorsys/<model>``)."""
 SAMPLE_FIELDS = ("id", "epoch", "input", "target", "output", "scores", "error", "metadata")
+MEAN_METRICS = ("accuracy", "mean")
+"""The inspect metrics a scorer's ``stderr`` is the standard error of."""
 
 
 class InspectTasks(CheckpointEvalFn):
@@ -191,6 +195,12 @@ def output_of(logs: Sequence[Any], *, kept_logs: bool) -> RolloutFnEvalOutput:
                 value = metric.value
                 if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
                     metrics[f"eval/{task}/{score.name}/{name}"] = float(value)
+            # inspect's stderr metric is the standard error of the mean score (over samples,
+            # each reduced over its epochs first): named as every stderr of ours, after its mean
+            stderr = metrics.get(f"eval/{task}/{score.name}/stderr")
+            for name in MEAN_METRICS:
+                if stderr is not None and f"eval/{task}/{score.name}/{name}" in metrics:
+                    metrics[f"eval/{task}/{score.name}/{name}/stderr"] = stderr
     if failures:
         raise EvalSkip("crashed", "inspect: " + "; ".join(failures))
     return RolloutFnEvalOutput(data={"inspect": tasks}, metrics=metrics)

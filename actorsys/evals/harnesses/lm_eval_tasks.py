@@ -36,6 +36,8 @@ from actorsys.runtime import ThreadTracker, run_blocking
 LENGTH_FIELDS = ("n_positions", "max_position_embeddings", "n_ctx")
 DEFAULT_MAX_LENGTH = 2048
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+STDERR_SUFFIX = "_stderr"
+"""lm-eval names the standard error of ``<metric>`` ``<metric>_stderr``."""
 
 
 class LmEvalTasks(CheckpointEvalFn):
@@ -49,7 +51,9 @@ class LmEvalTasks(CheckpointEvalFn):
     deadline per request (it retries a failed request ``max_retries`` times).
 
     Metrics: ``eval/<task>/<metric>`` for filter ``none`` and ``eval/<task>/<metric>/<filter>``
-    otherwise (``acc``, ``acc_stderr``, ``exact_match/strict-match``...), groups included.
+    otherwise (``acc``, ``exact_match/strict-match``...), groups included; lm-eval's own
+    standard error of each (its ``<metric>_stderr``, where it computes one) is
+    ``eval/<task>/<metric>[/<filter>]/stderr``.
     lm-eval's seeding of the global ``random``/numpy/torch generators is off: it runs in the
     trainer's process, whose generators it must not reset.
 
@@ -192,7 +196,13 @@ def output_of(results: Mapping[str, Any], *, log_samples: bool) -> RolloutFnEval
                     continue
                 if math.isfinite(value):
                     suffix = "" if name == "none" else f"/{name}"
-                    metrics[f"eval/{task}/{metric}{suffix}"] = float(value)
+                    # lm-eval's own standard error of <metric> is "<metric>_stderr": named
+                    # eval/<task>/<metric>[/<filter>]/stderr, as every stderr of ours is
+                    base = metric.removesuffix(STDERR_SUFFIX)
+                    if base and base != metric:
+                        metrics[f"eval/{task}/{base}{suffix}/stderr"] = float(value)
+                    else:
+                        metrics[f"eval/{task}/{metric}{suffix}"] = float(value)
     data: dict[str, Any] = {
         "lm_eval": {
             "versions": dict(results.get("versions") or {}),

@@ -88,8 +88,11 @@ async def evaluate_datasets(
     request_timeout: float,
     retries: int,
     checkpoint_dir: str | None = None,
+    step: int | None = None,
 ) -> RolloutFnEvalOutput:
-    """Sample and score every dataset on ``fleet``; the metrics and
+    """Sample and score every dataset on ``fleet`` (with ``step``: every dataset due at it,
+    :meth:`EvalDataset.due <actorsys.evals.EvalDataset.due>`; the others are named in
+    ``data["not_due"]``); the metrics and
     ``data["samples"][name]`` (prompt, answer, label, score per sample). With
     ``checkpoint_dir`` (the snapshot the fleet serves), chat prompts are rendered by its chat
     template and requests are fitted to its context (:mod:`actorsys.evals.data.prompts`); a chat
@@ -100,6 +103,9 @@ async def evaluate_datasets(
     ``pin_violation`` (a stale answer) through. Blocks on the engines, then on scoring in
     worker processes (killed if cancelled); the caller's cancel scope bounds both.
     """
+    datasets, not_due = due_datasets(datasets, step)
+    if not datasets:
+        return not_due_output(not_due)
     if checkpoint_dir is None:
         prepared = prepare_prompts(None, datasets)
     else:
@@ -132,7 +138,27 @@ async def evaluate_datasets(
         votes = await majority_votes(dataset, batch_samples)
         metrics.update(dataset_metrics(dataset.name, batch_samples, dataset.n_samples, votes))
         samples[dataset.name] = [sample.as_record() for sample in batch_samples]
-    return RolloutFnEvalOutput(data={"samples": samples}, metrics=metrics)
+    data: dict[str, Any] = {"samples": samples}
+    if not_due:
+        data["not_due"] = not_due
+    return RolloutFnEvalOutput(data=data, metrics=metrics)
+
+
+def due_datasets(
+    datasets: Sequence[EvalDataset], step: int | None
+) -> tuple[list[EvalDataset], list[str]]:
+    """The datasets of ``datasets`` due at ``step`` (all where it is None), and the names of
+    the others. A dataset not due is no failure: the point is ok without it, and it is not
+    evaluated again at that step (the watch ledger settles the checkpoint ``ok``)."""
+    if step is None:
+        return list(datasets), []
+    due = [d for d in datasets if d.due(step)]
+    return due, [d.name for d in datasets if not d.due(step)]
+
+
+def not_due_output(not_due: Sequence[str]) -> RolloutFnEvalOutput:
+    """What a point evaluates where no dataset is due at its step: ok, with no score."""
+    return RolloutFnEvalOutput(data={"samples": {}, "not_due": list(not_due)}, metrics={})
 
 
 async def _sample(

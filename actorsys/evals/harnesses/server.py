@@ -19,7 +19,9 @@ never waits. The first evaluation waits (up to ``ready_timeout``) until the serv
 :meth:`Fleet.pin_and_verify <actorsys.Fleet.pin_and_verify>` (health, load, the version read
 back, the weight probe), polling until the server serves the step's version (connection errors
 and 5xx while it reloads or restarts are retried until ``pin_timeout``, then the point skips
-``pin_violation``); samples and scores the datasets exactly as :class:`DatasetEval` does,
+``pin_violation``); samples and scores the datasets exactly as :class:`DatasetEval` does (a
+dataset with an ``interval`` only at its steps; at a step where none is due the server is not
+touched),
 while the probe's verdict is judged; and reads the version back: a version that changed
 meanwhile (someone else reloaded a shared server) is ``pin_violation``, and so is a server
 that answers with weights other than the snapshot's under the right version (the verdict).
@@ -45,7 +47,9 @@ from actorsys.evals.harnesses.sampling import (
     ScorerWarmUp,
     check_datasets,
     check_limits,
+    due_datasets,
     evaluate_datasets,
+    not_due_output,
 )
 from actorsys.fleet import (
     CheckpointRejectedError,
@@ -184,16 +188,24 @@ class ServerEvalFn(ScorerWarmUp, CheckpointEvalFn):
         self, checkpoint_dir: str, input: RolloutFnEvalInput  # noqa: A002
     ) -> RolloutFnEvalOutput:
         version = input.weight_version or str(input.rollout_id)
+        due, not_due = due_datasets(self.datasets, input.rollout_id)
+        if not due:
+            # nothing to score at this step: the server is neither started nor pinned
+            return not_due_output(not_due)
         async with self._lock:
             fleet = await self._on_server(self.server.fleet)
-            return await self._on_server(lambda: self._evaluate(fleet, checkpoint_dir, version))
+            return await self._on_server(
+                lambda: self._evaluate(fleet, checkpoint_dir, version, input.rollout_id)
+            )
 
     async def dispose(self) -> None:  # type: ignore[override]
         """Stop the launched server, if any (SIGTERM, then SIGKILL after ``grace``); remove
         its log. Shielded: returns within about twice ``grace`` even when cancelled."""
         await self.server.stop()
 
-    async def _evaluate(self, fleet: Fleet, path: str, version: str) -> RolloutFnEvalOutput:
+    async def _evaluate(
+        self, fleet: Fleet, path: str, version: str, step: int
+    ) -> RolloutFnEvalOutput:
         """Pin, sample and score while the probe is judged, read the version back; the
         verdict, once known, overrules what the evaluation found."""
         verdict: PinVerdict | None = None
@@ -208,6 +220,7 @@ class ServerEvalFn(ScorerWarmUp, CheckpointEvalFn):
                     request_timeout=self.request_timeout,
                     retries=self.retries,
                     checkpoint_dir=path,
+                    step=step,
                 )
                 served = await self._version_now(fleet.engines[0])
             except Exception as exc:

@@ -7,6 +7,11 @@
 - ``eval/<name>/maj@<n>`` (``n_samples`` > 1, scorers that extract an answer): the share of
   prompts whose most frequent extracted answer (the first to reach that count on a tie) is
   correct; a prompt none of whose samples yields an answer counts as wrong.
+- ``eval/<name>/stderr``, ``eval/<name>/pass@<k>/stderr``, ``eval/<name>/maj@<n>/stderr``: the
+  standard error of each of those means over prompts (:func:`prompt_stderr`). A prompt's
+  samples are averaged first, since they are correlated (they answer the same question), so
+  the error is clustered by prompt: ``stdev(per-prompt values, ddof=1) / sqrt(prompts)``, 0
+  for one prompt.
 - ``eval/<name>/response_len/mean``: mean completion tokens of the answered samples (left out
   when the engine reports no usage).
 - ``eval/<name>/truncated_ratio``: the share of answered samples that stopped at
@@ -22,6 +27,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -64,6 +70,16 @@ def pass_at_k(n: int, correct: int, k: int) -> float:
     return 1.0 - math.prod(1.0 - k / i for i in range(n - correct + 1, n + 1))
 
 
+def prompt_stderr(per_prompt: Sequence[float]) -> float:
+    """The standard error of the mean of ``per_prompt`` (one value a prompt: its samples'
+    mean score, or its pass@k estimate): ``stdev(per_prompt, ddof=1) / sqrt(len)``, 0 for
+    one prompt. :func:`statistics.stdev` computes it exactly (in fractions), so the same values
+    give the same error bit for bit wherever it is recomputed."""
+    if len(per_prompt) < 2:
+        return 0.0
+    return statistics.stdev(per_prompt) / math.sqrt(len(per_prompt))
+
+
 def pass_ks(n: int) -> list[int]:
     """1, 2, 4, ... up to ``n``, and ``n``."""
     ks = []
@@ -100,10 +116,14 @@ def dataset_metrics(
     prefix = f"eval/{name}"
     metrics: dict[str, float] = {prefix: sum(s.score for s in samples) / len(samples)}
     groups = [samples[i : i + n_samples] for i in range(0, len(samples), n_samples)]
+    metrics[f"{prefix}/stderr"] = prompt_stderr(
+        [sum(s.score for s in group) / n_samples for group in groups]
+    )
     correct = [sum(1 for s in group if s.score >= 1.0) for group in groups]
     for k in pass_ks(n_samples):
         estimates = [pass_at_k(n_samples, c, k) for c in correct]
         metrics[f"{prefix}/pass@{k}"] = sum(estimates) / len(estimates)
+        metrics[f"{prefix}/pass@{k}/stderr"] = prompt_stderr(estimates)
     if votes is not None and n_samples > 1:
         if len(votes) != len(samples):
             raise ValueError(f"{name}: expected one vote per sample, got {len(votes)}")
@@ -112,6 +132,7 @@ def dataset_metrics(
             for group, i in zip(groups, range(0, len(samples), n_samples), strict=True)
         ]
         metrics[f"{prefix}/maj@{n_samples}"] = sum(wins) / len(wins)
+        metrics[f"{prefix}/maj@{n_samples}/stderr"] = prompt_stderr(wins)
     answered = [s for s in samples if not s.request_failed]
     lengths = [s.completion_tokens for s in answered if s.completion_tokens is not None]
     if lengths:
