@@ -68,11 +68,14 @@ def group(item: pytest.Item) -> str | None:
     return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test marked ``ray`` or ``vllm`` is in the lane of that name; the Ray lane's tests come
     first, then the vLLM lane's, so that with ``--no-loadscope-reorder`` xdist hands the two
     long lanes out first, to two workers, and neither is what the run waits for at its end.
     The order is otherwise kept (the tests that share a vLLM server stay neighbours)."""
+    if config.getvalue("loadgroup") if hasattr(config.option, "loadgroup") else False:
+        keep_groups(items)
     for item in items:
         for tier in LANES:
             if item.get_closest_marker(tier) is not None and group(item) != tier:
@@ -82,6 +85,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 )
     rank = {tier: index for index, tier in enumerate(LANES)}
     items.sort(key=lambda item: rank.get(group(item) or "", len(LANES)))
+
+
+def keep_groups(items: list[pytest.Item]) -> None:
+    """Under ``--dist loadgroup`` each worker names a grouped test ``<id>@<group>`` (the
+    scheduler reads the group from there). pytest-xdist 3.8 writes that name into a field
+    pytest 9.2 no longer reads, so on pytest 9.2 every group would silently be scheduled test
+    by test; this writes it where pytest 9.2 keeps a node's id, where xdist did not already.
+    Runs after xdist's own hook (``trylast``)."""
+    from _pytest.nodeid import coerce_node_id
+
+    for item in items:
+        name = group(item)
+        if name is not None and not item.nodeid.endswith(f"@{name}"):
+            item._id = coerce_node_id(f"{item.nodeid}@{name}")  # type: ignore[attr-defined]
 
 
 _ray_cluster = SharedCluster()
