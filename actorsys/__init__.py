@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from actorsys.fleet.clients.sglang import SGLangEngine
     from actorsys.fleet.clients.vllm import VLLMEngine
     from actorsys.fleet.fleet import Engine, EngineUnhealthyError, Fleet, PinError, PinViolationError
-    from actorsys.outcome import CloseReport, DrainReport, Outcome, SupervisorStatistics
+    from actorsys.outcome import BestPoint, CloseReport, DrainReport, Outcome, SupervisorStatistics
     from actorsys.sinks import JsonlSink, MemorySink
     from actorsys.sinks.tensorboard import TensorBoardSink
     from actorsys.sinks.wandb import WandbSink
@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ActorsysError",
     "BaseRolloutFn",
+    "BestPoint",
     "CheckpointEvalFn",
     "CloseReport",
     "ConfigError",
@@ -97,6 +98,7 @@ __getattr__, __dir__ = lazy_names(
     {
         "ActorsysError": "actorsys._errors",
         "BaseRolloutFn": "actorsys.contracts",
+        "BestPoint": "actorsys.outcome",
         "CheckpointEvalFn": "actorsys.contracts",
         "CloseReport": "actorsys.outcome",
         "ConfigError": "actorsys._errors",

@@ -12,6 +12,7 @@ from actorsys.fleet import CheckpointRejectedError, StaleWeightsError
 EXPECTED = {
     "ActorsysError",
     "BaseRolloutFn",
+    "BestPoint",
     "CheckpointEvalFn",
     "CloseReport",
     "ConfigError",
