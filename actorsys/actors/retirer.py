@@ -14,7 +14,7 @@ non-blocking by contract), the counters and the ring change, and the files to de
 skipped point's snapshot, or the oldest one the ring lets go) join the Retirer's own queue of
 deletes. A background task deletes them in a worker thread, one step at a time, and only then
 frees the step's slot: admission never lets more snapshots exist than ``keep_snapshots +
-max_in_flight``, and the trio thread never waits on a multi-GB ``rmtree``.
+keep_best + max_in_flight``, and the trio thread never waits on a multi-GB ``rmtree``.
 
 Beside the ring, the :class:`~actorsys.actors.best.BestKeeper` keeps the snapshots of the
 best points (``keep_best``): the Retirer deletes none it keeps, retires those it lets go
