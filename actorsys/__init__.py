@@ -17,6 +17,7 @@ PUBLIC: dict[str, str] = {
     "ActorsysError": "actorsys._errors",
     "BaseRolloutFn": "actorsys.contracts",
     "CheckpointEvalFn": "actorsys.contracts",
+    "BestPoint": "actorsys.outcome",
     "CloseReport": "actorsys.outcome",
     "ConfigError": "actorsys._errors",
     "DatasetError": "actorsys._errors",
@@ -62,6 +63,7 @@ PUBLIC: dict[str, str] = {
 __all__ = [  # sorted(PUBLIC), spelled out for static tools (mkdocstrings); the tests check it
     "ActorsysError",
     "BaseRolloutFn",
+    "BestPoint",
     "CheckpointEvalFn",
     "CloseReport",
     "ConfigError",
@@ -144,7 +146,7 @@ if TYPE_CHECKING:  # the same names, for type checkers (tests/test_public_api.py
     from actorsys.fleet.clients.vllm import VLLMEngine
     from actorsys.fleet.fleet import Fleet
     from actorsys.fleet.protocol import Engine
-    from actorsys.outcome import CloseReport, DrainReport, Outcome, SupervisorStatistics
+    from actorsys.outcome import BestPoint, CloseReport, DrainReport, Outcome, SupervisorStatistics
     from actorsys.sinks.jsonl import JsonlSink
     from actorsys.sinks.memory import MemorySink
     from actorsys.sinks.tensorboard import TensorBoardSink

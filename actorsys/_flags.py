@@ -1,11 +1,12 @@
 """The trainer flags of :class:`~actorsys.EvalConfig`, named as miles launch scripts name them.
 
-``--eval-hf-dir``, ``--save-hf``, ``--eval-max-in-flight``, ``--eval-overflow-policy`` and
-``--eval-keep-snapshots`` are miles' own flags; ``--eval-timeout``, ``--eval-pin-timeout``,
-``--eval-close-timeout`` and ``--eval-probe on|off`` are ours. A flag the trainer's parser
-already defines (miles defines ``--save-hf``) is left to it and read back from the namespace
-under its usual name, and miles' ``{rollout_id}`` in a ``--save-hf`` pattern reads as
-``{step}``.
+``--eval-hf-dir``, ``--save-hf``, ``--eval-max-in-flight``, ``--eval-overflow-policy``,
+``--eval-keep-snapshots``, ``--eval-interval`` and ``--skip-eval-before-train`` are miles' own
+flags; ``--eval-timeout``, ``--eval-pin-timeout``, ``--eval-close-timeout``, ``--eval-probe
+on|off``, ``--eval-best-metric``, ``--eval-best-mode`` and ``--eval-keep-best`` are ours. A flag
+the trainer's parser already defines (miles defines ``--save-hf``) is left to it and read back
+from the namespace under its usual name, and miles' ``{rollout_id}`` in a ``--save-hf``
+pattern reads as ``{step}``.
 
 Values are checked by building the config itself, so a bad one is reported by argparse under
 its flag with EvalConfig's own message.
@@ -44,6 +45,8 @@ class Flag:
     choices: tuple[str, ...] | None = None
     miles_fallback: str | None = None
     """The trainer's own miles flag (its ``dest``) whose value stands in when this one is unset."""
+    switch: bool = False
+    """A flag that takes no value (``store_true``, as miles' switches): True when given."""
 
     @property
     def dest(self) -> str:
@@ -92,6 +95,19 @@ FLAGS = (
     Flag("--eval-rank", "eval_rank", int, "RANK",
          "in a torch.distributed job, the rank that pins, evaluates and records (the others "
          "hand over their weight shards)"),
+    Flag("--eval-best-metric", "best_metric", str, "METRIC",
+         "the metric that ranks the points (e.g. eval/gsm8k), for --eval-keep-best and "
+         "patience"),
+    Flag("--eval-best-mode", "best_mode", str, "max|min",
+         "whether a higher (max) or a lower (min) --eval-best-metric is better",
+         choices=("max", "min")),
+    Flag("--eval-keep-best", "keep_best", int, "N",
+         "snapshots of the N best points kept beside the ring under --eval-hf-dir, listed "
+         "in best.json"),
+    Flag("--eval-interval", "eval_interval", int, "STEPS",
+         "evaluate at the steps that are a multiple of this"),
+    Flag("--skip-eval-before-train", "skip_eval_before_train", bool, None,
+         "do not evaluate step 0", switch=True),
 )
 
 
@@ -119,6 +135,10 @@ def add_flags(
 ) -> None:
     """Add each of ``flags`` (unset: None) that the parser lacks, typed by :func:`checked`."""
     for flag in flags:
+        if flag.switch:
+            add_flag(group, flag.option, dest=flag.dest, action="store_const", const=True,
+                     default=None, help=flag.help)
+            continue
         add_flag(
             group, flag.option, dest=flag.dest, type=checked(flag, check, message=message),
             choices=flag.choices, default=None, metavar=flag.metavar, help=flag.help,
@@ -160,7 +180,12 @@ def add_arguments(
     )
 
     def in_config(flag: Flag, value: Any) -> Any:
-        config_cls(**{flag.field: value})
+        try:
+            config_cls(**{flag.field: value})
+        except ConfigError as exc:
+            # A rule between fields (keep_best needs best_metric) is checked once all are read.
+            if exc.field == flag.field:
+                raise
         return value
 
     def with_default(flag: Flag) -> Flag:

@@ -17,7 +17,9 @@ it accepts.
 from __future__ import annotations
 
 import argparse
+import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -26,10 +28,12 @@ from actorsys._errors import ConfigError
 from actorsys._flags import require_int, require_seconds
 from actorsys.flag_groups import add_registered_flags
 
-__all__ = ["OVERFLOW_POLICIES", "EvalConfig", "Overflow", "require_seconds"]
+__all__ = ["BEST_MODES", "OVERFLOW_POLICIES", "BestMode", "EvalConfig", "Overflow", "require_seconds"]
 
 Overflow = Literal["backpressure", "skip", "latest"]
 OVERFLOW_POLICIES: tuple[Overflow, ...] = ("backpressure", "skip", "latest")
+BestMode = Literal["max", "min"]
+BEST_MODES: tuple[BestMode, ...] = ("max", "min")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,6 +65,18 @@ class EvalConfig:
       same steps (collective), the others only hand over their weight shards.
     - ``collective_timeout``: seconds one rank waits for another (at open, for an admission
       decision, for shards) before it gives up: an error at open, a skipped point later.
+
+    Deciding from the number (:mod:`actorsys.actors.best`):
+
+    - ``best_metric`` (e.g. ``"eval/gsm8k"``), better when higher (``best_mode="max"``) or
+      lower (``"min"``): the snapshots of the ``keep_best`` best ok points are kept beside the
+      ring of ``keep_snapshots`` and left on close, listed best first in ``hf_dir/best.json``;
+      a trainer's own checkpoint (reuse mode, ``checkpoint_dir``) is named, never deleted.
+    - ``stop_when``: metric -> threshold (``{"eval/gsm8k": 0.8}``); ``should_stop`` turns True
+      at the first ok point that reaches every threshold of the mapping (``>=`` for ``"max"``,
+      ``<=`` for ``"min"``). ``patience``: ``should_stop`` turns True after that many ok points
+      in a row that do not improve ``best_metric`` (points without it do not count).
+    - ``eval_interval`` and ``skip_eval_before_train``, miles' cadence: see :meth:`due`.
     """
 
     hf_dir: str | os.PathLike[str] | None = None
@@ -80,6 +96,13 @@ class EvalConfig:
     probe: bool = True
     eval_rank: int = 0
     collective_timeout: float = 300.0
+    best_metric: str | None = None
+    best_mode: BestMode = "max"
+    keep_best: int = 0
+    stop_when: Mapping[str, float] | None = None
+    patience: int | None = None
+    eval_interval: int | None = None
+    skip_eval_before_train: bool = False
 
     def __post_init__(self) -> None:
         for name in ("hf_dir", "base_checkpoint"):
@@ -108,6 +131,32 @@ class EvalConfig:
             require_seconds(name, getattr(self, name), optional=True)
         for name in ("pin_timeout", "close_timeout", "restart_period", "collective_timeout"):
             require_seconds(name, getattr(self, name))
+        self._check_deciding()
+
+    def _check_deciding(self) -> None:
+        """The fields of best-keeping, stopping and cadence."""
+        if self.best_metric is not None:
+            _require_metric("best_metric", self.best_metric)
+        if self.best_mode not in BEST_MODES:
+            raise ConfigError("best_mode", f"expected 'max' or 'min', got {self.best_mode!r}")
+        require_int("keep_best", self.keep_best, minimum=0)
+        if self.patience is not None:
+            require_int("patience", self.patience, minimum=1)
+        for name, wanted in (("keep_best", self.keep_best > 0), ("patience", self.patience)):
+            if wanted and self.best_metric is None:
+                raise ConfigError(
+                    "best_metric", f"{name} needs best_metric, the metric that ranks the points "
+                                   "(e.g. best_metric='eval/gsm8k')"
+                )
+        if self.stop_when is not None:
+            # A copy: the config stays what it was when checked.
+            object.__setattr__(self, "stop_when", _thresholds(self.stop_when))
+        if self.eval_interval is not None:
+            require_int("eval_interval", self.eval_interval, minimum=1)
+        if not isinstance(self.skip_eval_before_train, bool):
+            raise ConfigError(
+                "skip_eval_before_train", f"expected True or False, got {self.skip_eval_before_train!r}"
+            )
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
@@ -138,7 +187,7 @@ class EvalConfig:
             return cls(**kwargs)
         except ConfigError as exc:
             flag = _flags.flag_of(exc.field)
-            if flag is not None and exc.field not in overrides:
+            if flag is not None and exc.field not in overrides and exc.field in kwargs:
                 exc.add_note(f"set by {flag}")
             raise
 
@@ -147,6 +196,37 @@ class EvalConfig:
         """``hf_dir`` as a plain string, or None."""
         return None if self.hf_dir is None else os.fspath(self.hf_dir)
 
+    def due(self, step: int) -> bool:
+        """Whether ``step`` is an evaluation step, as miles decides it: a multiple of
+        ``eval_interval`` (step 0 is one), except step 0 under ``skip_eval_before_train``.
+        With no ``eval_interval`` every step is due (the caller keeps its own cadence) but
+        step 0 under ``skip_eval_before_train``."""
+        if step == 0 and self.skip_eval_before_train:
+            return False
+        return self.eval_interval is None or step % self.eval_interval == 0
+
     def reuse_path(self, step: int) -> str | None:
         """Where the trainer saved the checkpoint of ``step`` (reuse mode), or None."""
         return None if self.save_hf is None else self.save_hf.format(step=step)
+
+
+def _require_metric(name: str, metric: object) -> str:
+    if not isinstance(metric, str) or not metric.strip():
+        raise ConfigError(name, f"expected a metric name as the outcomes carry it, such as "
+                                f"'eval/gsm8k', got {metric!r}")
+    return metric
+
+
+def _thresholds(stop_when: object) -> dict[str, float]:
+    if not isinstance(stop_when, Mapping) or not stop_when:
+        raise ConfigError("stop_when", "expected a non-empty mapping of metric to threshold, "
+                                       f"e.g. {{'eval/gsm8k': 0.8}}, got {stop_when!r}")
+    thresholds = {}
+    for metric, threshold in stop_when.items():
+        _require_metric("stop_when", metric)
+        if (isinstance(threshold, bool) or not isinstance(threshold, int | float)
+                or not math.isfinite(threshold)):
+            raise ConfigError("stop_when", f"the threshold of {metric!r} must be a finite "
+                                           f"number, got {threshold!r}")
+        thresholds[metric] = float(threshold)
+    return thresholds

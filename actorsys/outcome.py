@@ -58,6 +58,21 @@ class Outcome:
 
 
 @dataclass(frozen=True)
+class BestPoint:
+    """One of the best ok points by ``EvalConfig.best_metric`` (``EvalSupervisor.best()``).
+
+    ``value`` is its ``best_metric``; ``snapshot`` the checkpoint kept for it: our snapshot
+    under ``hf_dir`` (kept beside the ring, left on close), the trainer's own checkpoint in
+    reuse mode or for ``checkpoint_dir`` (never deleted by actorsys), or None where there is
+    none to keep (``keep_best=0``, or a point evaluated on the trainer's engines as served).
+    """
+
+    step: int
+    value: float
+    snapshot: str | None
+
+
+@dataclass(frozen=True)
 class DrainReport:
     """``settled``: the steps in flight at the call that settled before it returned;
     ``pending``: those still in flight when its budget ran out."""

@@ -132,7 +132,7 @@ class Runtime:
                 self.release(reservation)
 
     def launch(self, reservation: Reservation, weights: CapturedWeights | None) -> None:
-        self.trio.note_launched(reservation.point.step)
+        self.trio.note_launched(reservation.point.step, borrowed=reservation.point.borrowed)
         self.trio.post(Command(lambda nursery: self._sup_launch(reservation, weights)), detached=True)
 
     def release(self, reservation: Reservation) -> None:

@@ -29,7 +29,7 @@ from typing import Any
 import trio
 
 from actorsys.config import EvalConfig
-from actorsys.outcome import Outcome, SupervisorStatistics
+from actorsys.outcome import BestPoint, Outcome, SupervisorStatistics
 from actorsys.sinks import Sink
 from actorsys.sinks.fanout import CallbackSink, FanoutSink
 from actorsys.supervisor import EvalSupervisor
@@ -76,6 +76,8 @@ class TrioThread:
         self._sup: EvalSupervisor | None = None
         self._launched: set[int] = set()
         self._settled: set[int] = set()
+        self._borrowed: set[int] = set()
+        self._decided: tuple[list[BestPoint], frozenset[int], str | None] = ([], frozenset(), None)
         self._relay_lock = threading.Lock()
         self._relayed: list[Command] = []
         self._relay_wake = threading.Event()
@@ -148,9 +150,12 @@ class TrioThread:
                     self._relay_gone = True
                     return
 
-    def note_launched(self, step: int) -> None:
+    def note_launched(self, step: int, *, borrowed: bool = False) -> None:
+        """``step`` is handed over; ``borrowed``: it evaluates a checkpoint of the trainer's."""
         with self._lock:
             self._launched.add(step)
+            if borrowed:
+                self._borrowed.add(step)
 
     def unsettled(self) -> list[int]:
         """Steps handed over to the pipeline that the sink has not seen settle."""
@@ -166,6 +171,14 @@ class TrioThread:
         """The supervisor's statistics as last published by the trio thread (never blocks)."""
         return self._stats
 
+    def decided(self) -> tuple[list[BestPoint], frozenset[int], str | None]:
+        """The best points, the protected steps and the stop reason, as last published, with
+        the trainer's checkpoints handed over and not yet seen settle (never blocks)."""
+        best, protected, reason = self._decided
+        with self._lock:
+            borrowed = self._borrowed - self._settled
+        return list(best), protected | borrowed, reason
+
     # -- the trio side -------------------------------------------------------------------
 
     @property
@@ -176,7 +189,9 @@ class TrioThread:
 
     def publish(self) -> None:
         if self._sup is not None:
-            self._stats = self._sup.statistics()
+            sup = self._sup
+            self._stats = sup.statistics()
+            self._decided = (sup.best(), sup.protected_steps(), sup.stop_reason)
 
     def _run(self) -> None:
         try:
@@ -198,7 +213,11 @@ class TrioThread:
 
     async def _main(self) -> None:
         inbox_send, inbox_recv = trio.open_memory_channel[Command](math.inf)
-        recorder = FanoutSink([self.sink, CallbackSink(self._on_settled)])
+        # Published before the host's sink records, so a host that sees an outcome sees
+        # what it decided (best, should_stop); marked settled after, as the sink's record.
+        recorder = FanoutSink([
+            CallbackSink(lambda outcome: self.publish()), self.sink, CallbackSink(self._on_settled)
+        ])
         async with EvalSupervisor.open(
             self.config, eval_fn=self._eval_fn, fleet=self._fleet, sink=recorder
         ) as sup:

@@ -18,6 +18,7 @@ from actorsys.fleet import CheckpointRejectedError, StaleWeightsError
 EXPECTED = {
     "ActorsysError",
     "BaseRolloutFn",
+    "BestPoint",
     "CheckpointEvalFn",
     "CloseReport",
     "ConfigError",

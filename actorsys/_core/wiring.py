@@ -106,7 +106,7 @@ def wire(
     export_send, export_recv = trio.open_memory_channel[Point](math.inf)
     pin_send, pin_recv = trio.open_memory_channel[Point](math.inf)
     eval_send, eval_recv = trio.open_memory_channel[Point](math.inf)
-    retirer = Retirer(config, flight, sink, tracker)
+    retirer = Retirer(config, flight, sink, tracker, staging_dir=staging_dir)
     admission = Admission(config, flight, retirer, staging_dir, buffers, export_send, tracker)
     exporter = Exporter(config, flight, retirer, staging_dir, tracker, disk=admission.disk)
     fleet_returns, idle_fleets = fleet_pool(fleets)

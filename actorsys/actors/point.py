@@ -77,6 +77,12 @@ class Point:
         """The snapshot was written by actorsys (so it is retired); a given checkpoint never is."""
         return self.snapshot is not None and self.source is not Source.CHECKPOINT
 
+    @property
+    def borrowed(self) -> bool:
+        """It evaluates a checkpoint of the trainer's (``checkpoint_dir``, reuse mode), which
+        the trainer's own rotation must keep until the point settles."""
+        return self.source is Source.CHECKPOINT
+
     def but(self, **changes: object) -> Point:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 

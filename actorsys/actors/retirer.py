@@ -14,7 +14,12 @@ non-blocking by contract), the counters and the ring change, and the files to de
 skipped point's snapshot, or the oldest one the ring lets go) join the Retirer's own queue of
 deletes. A background task deletes them in a worker thread, one step at a time, and only then
 frees the step's slot: admission never lets more snapshots exist than ``keep_snapshots +
-max_in_flight``, and the trio thread never waits on a multi-GB ``rmtree``.
+keep_best + max_in_flight``, and the trio thread never waits on a multi-GB ``rmtree``.
+
+Beside the ring, the :class:`~actorsys.actors.best.BestKeeper` keeps the snapshots of the
+best points (``keep_best``): the Retirer deletes none it keeps, retires those it lets go
+(unless the ring still holds them), and writes ``hf_dir/best.json`` in the delete thread
+before the deletes of the same settle.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from dataclasses import dataclass
 import trio
 
 from actorsys import staging
+from actorsys.actors.best import BEST_JSON, BestKeeper, write_record
 from actorsys.actors.flight import Flight
 from actorsys.actors.point import Point, State, Ticket
 from actorsys.config import EvalConfig
@@ -49,7 +55,8 @@ class Retirer:
     name = NAME
 
     def __init__(
-        self, config: EvalConfig, flight: Flight, sink: Sink, tracker: ThreadTracker
+        self, config: EvalConfig, flight: Flight, sink: Sink, tracker: ThreadTracker,
+        staging_dir: str | None = None,
     ) -> None:
         self.config = config
         self.flight = flight
@@ -61,7 +68,8 @@ class Retirer:
         self.ok_count = 0
         self.settled_steps: set[int] = set()
         self.noted_step: int | None = None
-        self._deletes: deque[tuple[int | None, list[str]]] = deque()
+        self.best = BestKeeper(config, staging_dir)
+        self._deletes: deque[tuple[int | None, list[str], bytes | None]] = deque()
         self._queued = trio.lowlevel.ParkingLot()
         self._limiter = trio.CapacityLimiter(1)
         self._loop_ended = trio.Event()
@@ -119,6 +127,7 @@ class Retirer:
         if point.weights is not None:
             point.weights.release()
         outcome = self._outcome(point)
+        best = self.best.offer(outcome, owned=point.owned)
         self.settled_steps.add(point.step)
         if outcome.ok:
             self.ok_count += 1
@@ -128,7 +137,9 @@ class Retirer:
             self.sink.record(outcome)
         except Exception:
             log.exception("sink %r failed to record step %d", self.sink, point.step)
-        self._queue_delete(point.step, self._doomed(point, keep=outcome.ok))
+        doomed = self._doomed(point, keep=outcome.ok)
+        doomed += [path for path in best.displaced if path not in self.ring]
+        self._queue_delete(point.step, doomed, best.record)
         self.flight.wake()
         log.info(
             "step %d settled %s%s", point.step, outcome.status,
@@ -154,7 +165,8 @@ class Retirer:
     def _discard(self, point: Point) -> None:
         if point.weights is not None:
             point.weights.release()
-        self._queue_delete(None, [path for path in point.files if path not in self.ring])
+        kept = (*self.ring, *self.best.kept)
+        self._queue_delete(None, [path for path in point.files if path not in kept])
 
     def settle_now(self, reason: str, error: str | None = None) -> list[int]:
         """Settle every point in flight here and now, without waiting for its owner (which
@@ -179,8 +191,7 @@ class Retirer:
         await self._loop_ended.wait()
         self._handle_queued()
         while self._deletes:
-            step, paths = self._deletes.popleft()
-            await self._delete(step, paths)
+            await self._delete(*self._deletes.popleft())
 
     # -- deleting ---------------------------------------------------------------------
 
@@ -190,18 +201,19 @@ class Retirer:
             return doomed
         assert point.snapshot is not None
         if not keep or self.config.keep_snapshots == 0:
-            return [*doomed, point.snapshot]
+            return [*doomed, point.snapshot]  # (unless the best keep it: _queue_delete)
         self.ring.append(point.snapshot)
         while len(self.ring) > self.config.keep_snapshots:
             doomed.append(self.ring.popleft())
         return doomed
 
-    def _queue_delete(self, step: int | None, paths: list[str]) -> None:
-        if not paths:
+    def _queue_delete(self, step: int | None, paths: list[str], record: bytes | None = None) -> None:
+        paths = [path for path in dict.fromkeys(paths) if path not in self.best.kept]
+        if not paths and record is None:
             if step is not None:
                 self.flight.free(step)
             return
-        self._deletes.append((step, paths))
+        self._deletes.append((step, paths, record))
         self._queued.unpark_all()
 
     async def _delete_loop(self) -> None:
@@ -209,12 +221,12 @@ class Retirer:
             while True:
                 while not self._deletes:
                     await self._queued.park()
-                step, paths = self._deletes.popleft()
+                job = self._deletes.popleft()
                 try:
-                    await self._delete(step, paths)
+                    await self._delete(*job)
                 except trio.Cancelled:
                     # Cancelled before its thread started: the delete is still to be done.
-                    self._deletes.appendleft((step, paths))
+                    self._deletes.appendleft(job)
                     raise
                 self._queued.unpark_all()
         finally:
@@ -224,13 +236,13 @@ class Retirer:
         while self._deletes or self._limiter.borrowed_tokens:
             await self._queued.park()
 
-    async def _delete(self, step: int | None, paths: list[str]) -> None:
-        if paths:
+    async def _delete(self, step: int | None, paths: list[str], record: bytes | None) -> None:
+        if paths or record is not None:
             await run_blocking(
-                lambda: _retire_all(paths),
+                lambda: self._retire_all(paths, record),
                 abandon_on_cancel=False,
                 limiter=self._limiter,
-                description=f"retire of {', '.join(paths)}",
+                description=f"retire of {', '.join(paths) or BEST_JSON}",
                 tracker=self.tracker,
             )
         if step is not None:
@@ -259,7 +271,12 @@ class Retirer:
             snapshot=point.snapshot,
         )
 
-
-def _retire_all(paths: list[str]) -> None:
-    for path in paths:
-        staging.retire(path)
+    def _retire_all(self, paths: list[str], record: bytes | None) -> None:
+        """Write ``best.json`` (first: it never names a snapshot already gone), then retire."""
+        if record is not None and self.best.path is not None:
+            try:
+                write_record(self.best.path, record)
+            except (OSError, ValueError):  # UnsafePathError is a ValueError
+                log.exception("could not write %s", self.best.path)
+        for path in paths:
+            staging.retire(path)

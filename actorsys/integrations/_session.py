@@ -1,6 +1,8 @@
 """What both trainer callbacks share: an :class:`~bridge.EvalBridge` opened for one
-``train()``, a point every ``every`` optimizer steps, and the outcomes settled since the
-last look (each turned into its log row by :func:`actorsys.sinks.rows.log_row`).
+``train()``, a point every ``every`` optimizer steps (by default ``config.eval_interval``),
+the outcomes settled since the last look (each turned into its log row by
+:func:`actorsys.sinks.rows.log_row`), and the stop signal (``config.stop_when``,
+``config.patience``), logged once.
 
 The bridge runs the supervisor in its own thread; the sink below is called there, so it
 only appends to a deque (atomic in CPython) that the trainer's thread empties.
@@ -57,12 +59,17 @@ class TrainingSession:
         *,
         eval_fn: Any,
         fleet: Any,
-        every: int,
+        every: int | None,
         sink: Sink | Sequence[Sink] | None,
         drain_timeout: float,
     ) -> None:
         if not isinstance(config, EvalConfig):
             raise ConfigError("config", f"expected an EvalConfig, got {type(config).__name__}")
+        if every is None:
+            every = config.eval_interval
+            if every is None:
+                raise ConfigError("every", "pass every= (optimizer steps between points) or set "
+                                           "EvalConfig.eval_interval (--eval-interval)")
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ConfigError("every", f"expected an integer >= 1 (optimizer steps), got {every!r}")
         self.config = config
@@ -77,6 +84,7 @@ class TrainingSession:
         self._bridge: EvalBridge | None = None
         self._last_step: int | None = None
         self._stopped = False
+        self._told_stop = False
         self.drain_report: DrainReport | None = None
         self.close_report: CloseReport | None = None
 
@@ -90,7 +98,7 @@ class TrainingSession:
         that ended in an exception is closed first, without draining."""
         if self._bridge is not None:
             self._bridge.close(drain=False)
-        self._stopped = False
+        self._stopped = self._told_stop = False
         self._last_step = None
         self.drain_report = self.close_report = None
         bridge = EvalBridge(
@@ -121,6 +129,17 @@ class TrainingSession:
         except (SupervisorGaveUpError, SupervisorClosedError) as exc:
             self._stopped = True
             log.error("evaluation stopped at step %d, training goes on without it: %r", step, exc)
+
+    def should_stop(self) -> bool:
+        """True once the supervisor's stop signal holds (:attr:`bridge.EvalBridge.should_stop`);
+        the first time, its reason is logged. Never blocks."""
+        bridge = self._bridge
+        if bridge is None or not bridge.should_stop:
+            return False
+        if not self._told_stop:
+            self._told_stop = True
+            log.warning("evaluation asks training to stop: %s", bridge.stop_reason)
+        return True
 
     def finish(self) -> None:
         """Drain for at most ``drain_timeout`` seconds, then close within the config's

@@ -45,8 +45,8 @@ from actorsys.sinks.rows import log_row
 
 
 class EvalCallback(pl.Callback):
-    """Non-blocking evaluation every ``every`` optimizer steps (``trainer.global_step``) of
-    a Lightning run.
+    """Non-blocking evaluation every ``every`` optimizer steps (``trainer.global_step``; by
+    default ``config.eval_interval``) of a Lightning run.
 
     At train start it opens an :class:`~bridge.EvalBridge` and prepares it with the model;
     at the end of each training batch whose global step is a new multiple of ``every`` it
@@ -54,7 +54,8 @@ class EvalCallback(pl.Callback):
     ``drain_timeout`` seconds and closes within ``config.close_timeout``, logging what
     settled before ``fit`` returns. A run that ends in an exception closes at once. The
     trainer's thread blocks on the copy of the weights at a point, and at train end on the
-    drain and the close.
+    drain and the close. Once the stop signal holds (``config.stop_when``, ``config.patience``)
+    it sets ``trainer.should_stop``, and logs why once.
     """
 
     def __init__(
@@ -63,7 +64,7 @@ class EvalCallback(pl.Callback):
         *,
         eval_fn: Any,
         fleet: Any = None,
-        every: int,
+        every: int | None = None,
         sink: Sink | Sequence[Sink] | None = None,
         drain_timeout: float = 600.0,
         model_attr: str = "model",
@@ -97,6 +98,8 @@ class EvalCallback(pl.Callback):
     ) -> None:
         self.session.step(trainer.global_step, self.exported_model(pl_module))
         self._publish(trainer)
+        if self.session.should_stop():
+            trainer.should_stop = True
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         try:

@@ -52,10 +52,12 @@ class EvalCallback(TrainerCallback):
     At train begin it opens an :class:`~bridge.EvalBridge` (``config``, ``eval_fn``,
     ``fleet``, ``sink`` as there) and prepares it with the model, so the first point costs a
     copy into mapped memory. At the end of every optimizer step whose number is a multiple of
-    ``every`` it submits the model, on every process (a sharded model's submit is
-    collective). At train end it drains for at most ``drain_timeout`` seconds and closes
-    within ``config.close_timeout``; the points settled by then are logged before
-    ``train()`` returns, those cut off as ``eval/skipped_closed``.
+    ``every`` (by default ``config.eval_interval``) it submits the model, on every process (a
+    sharded model's submit is collective). Once the stop signal holds (``config.stop_when``,
+    ``config.patience``: :attr:`bridge.EvalBridge.should_stop`) it sets
+    ``control.should_training_stop``, and logs why once. At train end it drains for at most
+    ``drain_timeout`` seconds and closes within ``config.close_timeout``; the points settled
+    by then are logged before ``train()`` returns, those cut off as ``eval/skipped_closed``.
 
     The trainer's thread blocks on the copy of the weights at a point (and on a free slot
     under ``overflow="backpressure"``), and at train end on the drain and the close.
@@ -67,7 +69,7 @@ class EvalCallback(TrainerCallback):
         *,
         eval_fn: Any,
         fleet: Any = None,
-        every: int,
+        every: int | None = None,
         sink: Sink | Sequence[Sink] | None = None,
         drain_timeout: float = 600.0,
     ) -> None:
@@ -94,6 +96,8 @@ class EvalCallback(TrainerCallback):
         if model is not None:
             self.session.step(state.global_step, model)
         self._publish(args, state, control)
+        if self.session.should_stop():
+            control.should_training_stop = True
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
