@@ -54,7 +54,13 @@ class Fleet:
         answers = await input.fleet.complete(prompts, max_tokens=32, temperature=0.0)
     """
 
-    def __init__(self, engines: Sequence[Engine], *, router_url: str | None = None) -> None:
+    def __init__(
+        self,
+        engines: Sequence[Engine],
+        *,
+        router_url: str | None = None,
+        eval_priority: int | None = None,
+    ) -> None:
         engines = list(engines)
         if not engines:
             raise ConfigError("Fleet(engines)", "at least one engine is required")
@@ -70,6 +76,15 @@ class Fleet:
             raise ConfigError("Fleet(engines)", f"engine names must be unique, got {names}")
         self.engines = engines
         self.router_url = router_url.rstrip("/") if router_url else None
+        if eval_priority is not None and (
+            isinstance(eval_priority, bool) or not isinstance(eval_priority, int) or eval_priority < 0
+        ):
+            raise ConfigError(
+                "Fleet(eval_priority)",
+                f"expected None or an integer >= 0 (how far behind the trainer's requests an "
+                f"evaluation's requests queue), got {eval_priority!r}",
+            )
+        self._eval_priority = eval_priority
         self.version: str | None = None
         self._probe = WeightProbe()
         self._references = ReferenceWorker()
@@ -82,6 +97,13 @@ class Fleet:
         reference for pins not given ``references=``), if it started one. The engines are
         not touched. A later pin starts a fresh worker."""
         await self._references.aclose()
+
+    @property
+    def eval_priority(self) -> int | None:
+        """How far behind the trainer's own requests an evaluation's requests queue on this
+        fleet's engines (None: they are sent with no priority); see
+        :mod:`actorsys.fleet.clients.priority` for what each engine is sent."""
+        return self._eval_priority
 
     @property
     def urls(self) -> list[str]:
