@@ -19,6 +19,7 @@ import trio
 
 from actorsys._errors import ConfigError, ConfigTypeError
 from actorsys.fleet.clients.completions import Completion, complete
+from actorsys.fleet.clients.priority import eval_priorities
 from actorsys.fleet.on_all import (
     CheckpointRejectedError,
     EngineUnhealthyError,
@@ -173,7 +174,29 @@ class Fleet:
             extra=extra,
             retries=retries,
             keep_failures=keep_failures,
+            priorities=await self.eval_priorities(),
         )
+
+    async def eval_priorities(self) -> dict[str, int]:
+        """The ``priority`` each of this fleet's URLs (its router's, or its engines') is sent
+        with an evaluation's requests, from :attr:`eval_priority` translated for each engine
+        (:mod:`actorsys.fleet.clients.priority`); empty where ``eval_priority`` is None.
+        Blocks on one server-info request per sglang engine (bounded); the caller's cancel
+        scope bounds it. Raises :class:`ConfigError` where a router fronts engines that
+        would be sent different values (one request cannot carry both)."""
+        if self._eval_priority is None:
+            return {}
+        priorities = await eval_priorities(self.engines, self._eval_priority, api_key=self.api_key)
+        if self.router_url is None:
+            return priorities
+        values = set(priorities.values())
+        if len(values) > 1:
+            raise ConfigError(
+                "Fleet(eval_priority)",
+                f"the engines behind {self.router_url} order priorities differently "
+                f"({priorities}); give each kind of engine a fleet of its own",
+            )
+        return {self.router_url: values.pop()} if values else {}
 
     async def pin(
         self,
