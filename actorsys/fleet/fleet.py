@@ -19,6 +19,7 @@ import trio
 
 from actorsys._errors import ConfigError, ConfigTypeError
 from actorsys.fleet.clients.completions import Completion, complete
+from actorsys.fleet.clients.priority import eval_priorities
 from actorsys.fleet.on_all import (
     CheckpointRejectedError,
     EngineUnhealthyError,
@@ -54,7 +55,13 @@ class Fleet:
         answers = await input.fleet.complete(prompts, max_tokens=32, temperature=0.0)
     """
 
-    def __init__(self, engines: Sequence[Engine], *, router_url: str | None = None) -> None:
+    def __init__(
+        self,
+        engines: Sequence[Engine],
+        *,
+        router_url: str | None = None,
+        eval_priority: int | None = None,
+    ) -> None:
         engines = list(engines)
         if not engines:
             raise ConfigError("Fleet(engines)", "at least one engine is required")
@@ -70,6 +77,15 @@ class Fleet:
             raise ConfigError("Fleet(engines)", f"engine names must be unique, got {names}")
         self.engines = engines
         self.router_url = router_url.rstrip("/") if router_url else None
+        if eval_priority is not None and (
+            isinstance(eval_priority, bool) or not isinstance(eval_priority, int) or eval_priority < 0
+        ):
+            raise ConfigError(
+                "Fleet(eval_priority)",
+                f"expected None or an integer >= 0 (how far behind the trainer's requests an "
+                f"evaluation's requests queue), got {eval_priority!r}",
+            )
+        self._eval_priority = eval_priority
         self.version: str | None = None
         self._probe = WeightProbe()
         self._references = ReferenceWorker()
@@ -82,6 +98,13 @@ class Fleet:
         reference for pins not given ``references=``), if it started one. The engines are
         not touched. A later pin starts a fresh worker."""
         await self._references.aclose()
+
+    @property
+    def eval_priority(self) -> int | None:
+        """How far behind the trainer's own requests an evaluation's requests queue on this
+        fleet's engines (None: they are sent with no priority); see
+        :mod:`actorsys.fleet.clients.priority` for what each engine is sent."""
+        return self._eval_priority
 
     @property
     def urls(self) -> list[str]:
@@ -151,7 +174,29 @@ class Fleet:
             extra=extra,
             retries=retries,
             keep_failures=keep_failures,
+            priorities=await self.eval_priorities(),
         )
+
+    async def eval_priorities(self) -> dict[str, int]:
+        """The ``priority`` each of this fleet's URLs (its router's, or its engines') is sent
+        with an evaluation's requests, from :attr:`eval_priority` translated for each engine
+        (:mod:`actorsys.fleet.clients.priority`); empty where ``eval_priority`` is None.
+        Blocks on one server-info request per sglang engine (bounded); the caller's cancel
+        scope bounds it. Raises :class:`ConfigError` where a router fronts engines that
+        would be sent different values (one request cannot carry both)."""
+        if self._eval_priority is None:
+            return {}
+        priorities = await eval_priorities(self.engines, self._eval_priority, api_key=self.api_key)
+        if self.router_url is None:
+            return priorities
+        values = set(priorities.values())
+        if len(values) > 1:
+            raise ConfigError(
+                "Fleet(eval_priority)",
+                f"the engines behind {self.router_url} order priorities differently "
+                f"({priorities}); give each kind of engine a fleet of its own",
+            )
+        return {self.router_url: values.pop()} if values else {}
 
     async def pin(
         self,

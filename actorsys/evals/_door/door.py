@@ -10,6 +10,9 @@ the OpenAI SDK, inspect-ai) reaches the engines.
 While ``work`` runs the gate serves; when it returns or raises, or is cancelled
 (``eval_timeout``, close), the gate's listener and every connection it forwarded are closed
 before ``run`` returns, so before the fleet goes back to the pool. An answer from other weights
+than the pinned ones cancels ``work``; every request the harness sends carries the fleet's
+``priority`` for its engine (:meth:`actorsys.Fleet.eval_priorities`), so rollouts on a shared
+fleet keep their place. An answer from other weights
 than the pinned ones cancels ``work`` and is raised as the gate's
 :class:`~actorsys.fleet.StaleWeightsError` (``pin_violation``). What ``work`` raises is raised
 as it is (never wrapped in an exception group).
@@ -37,6 +40,7 @@ class FleetDoor:
 
     def __init__(self, fleet: Any, checkpoint_dir: str, *, who: str) -> None:
         self.upstreams = fleet_upstreams(fleet, who)
+        self._fleet = fleet
         self.checkpoint_dir = checkpoint_dir
         self._api_key = getattr(fleet, "api_key", None)
         self.gate = RequestGate(
@@ -52,6 +56,9 @@ class FleetDoor:
         result: T | None = None
         error: Exception | None = None
         done = False
+        priorities = getattr(self._fleet, "eval_priorities", None)
+        if priorities is not None:
+            self.gate.priorities = await priorities()
         async with trio.open_nursery() as nursery:
             self.gate.cancel_on_failure(nursery.cancel_scope)
             url = await nursery.start(self.gate.serve)

@@ -35,6 +35,7 @@ is read and an answer written on the wire, :mod:`actorsys.evals._door.http_wire`
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import secrets
 from collections import OrderedDict
@@ -101,6 +102,9 @@ class RequestGate:
     an upstream answered with weights other than ``expected_version``. ``api_key``: the
     upstreams' key, sent on every forwarded request in place of whatever the client sent (the
     client proves itself with the URL's token; the engines' key never reaches it).
+    ``priorities``: the ``priority`` written into every JSON body forwarded to an upstream (by
+    its URL), in place of whatever the client sent, so a harness cannot queue an evaluation
+    ahead of the trainer's requests.
     """
 
     def __init__(
@@ -117,6 +121,7 @@ class RequestGate:
         self.expected_version = expected_version
         self._api_key = api_key
         self._transport = transport
+        self.priorities: dict[str, int] = {}
         self.failure: CompletionError | None = None
         self._cancel_on_failure: trio.CancelScope | None = None
         self._next = itertools.cycle(range(len(self.upstreams)))
@@ -260,6 +265,9 @@ class RequestGate:
             headers[VERSION_HEADER] = self.expected_version
         if self._api_key is not None:
             headers.update((k.lower(), v) for k, v in _http.auth_headers(self._api_key).items())
+        priority = self.priorities.get(upstream)
+        if priority is not None and method == "POST":
+            body = with_priority(body, priority)
         self._forwarded += 1
         try:
             response = await client.request(method, url, content=body, headers=headers)
@@ -287,3 +295,16 @@ class RequestGate:
         if version is None or str(version) == self.expected_version:
             return None
         return self.expected_version, str(version)
+
+
+def with_priority(body: bytes, priority: int) -> bytes:
+    """``body`` with its ``priority`` set, where it is a JSON object (anything else goes as
+    it is: the engine answers it)."""
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        return body
+    if not isinstance(payload, dict):
+        return body
+    payload["priority"] = priority
+    return json.dumps(payload).encode()

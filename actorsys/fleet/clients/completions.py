@@ -63,6 +63,7 @@ async def complete(
     extra: Mapping[str, Any] | None = None,
     retries: int = 0,
     keep_failures: bool = False,
+    priorities: Mapping[str, int] | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> list[Completion]:
     """Complete ``prompts`` (each a string, or a sequence of token ids sent as they are) on
@@ -75,7 +76,9 @@ async def complete(
     and an engine reports another one). ``model`` defaults to the first id the first target
     lists in ``/v1/models`` (a router needs one). ``max_tokens`` is one limit for every prompt,
     or one per prompt. ``extra`` is merged into every request body (e.g.
-    ``{"seed": 0, "top_p": 0.9}``).
+    ``{"seed": 0, "top_p": 0.9}``). ``priorities``: the ``priority`` each target (by its
+    URL) is sent with every request (:mod:`actorsys.fleet.clients.priority`); a target left
+    out is sent none.
 
     A request that fails (no answer in time, a connection error, a 5xx, a malformed body) is
     sent again up to ``retries`` times, each time to the next target, after a short backoff
@@ -98,6 +101,7 @@ async def complete(
         raise ConfigError(
             "complete(max_tokens)", f"expected one limit per prompt ({len(prompts)}), got {len(limits)}"
         )
+    priority_of = {url.rstrip("/"): value for url, value in (priorities or {}).items()}
     results: list[Completion | None] = [None] * len(prompts)
     failure: list[CompletionError] = []
     limiter = anyio.Semaphore(concurrency)
@@ -124,8 +128,11 @@ async def complete(
 
         async def attempt(index: int, url: str) -> Completion:
             try:
+                body = bodies[index]
+                if url in priority_of:
+                    body = {**body, "priority": priority_of[url]}
                 with anyio.fail_after(request_timeout):
-                    answer = await _request(client, url, index, bodies[index])
+                    answer = await _request(client, url, index, body)
             except TimeoutError:
                 raise CompletionError(url, index, f"no answer within {request_timeout} s") from None
             if (

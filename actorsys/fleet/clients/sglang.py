@@ -31,6 +31,9 @@ class SGLangEngine(HttpEngine):
     caller's cancel scope bounds it, and cancelling closes the connection.
     """
 
+    flavor = "sglang"
+    """Which way it orders request priorities (:mod:`actorsys.fleet.clients.priority`)."""
+
     def __init__(
         self,
         url: str,

@@ -61,6 +61,9 @@ class VLLMEngine(HttpEngine):
     still tries, shielded and within ``request_timeout``, to resume the server).
     """
 
+    flavor = "vllm"
+    """Which way it orders request priorities (:mod:`actorsys.fleet.clients.priority`)."""
+
     def __init__(
         self,
         url: str,

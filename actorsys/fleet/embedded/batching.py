@@ -1,14 +1,19 @@
 """The embedded engine's batching: requests that arrive together are generated in one batch on
 its :class:`ModelHost`, and a weight load waits for the running batch (no batch starts until the
-load is done), so every answer comes from one checkpoint. A batch that fails as a whole is
+load is done), so every answer comes from one checkpoint. Queued requests are batched by their
+``priority`` (lower first, ties by arrival, as vLLM's ``--scheduling-policy priority`` and
+sglang's ``--schedule-low-priority-values-first`` order; a request without one is 0), so a
+trainer's rollouts queued behind an evaluation's requests of a larger priority are generated
+first. A batch that fails as a whole is
 generated again request by request, so one request the checks missed fails alone, never the
 requests batched with it. Model work runs in a worker thread; written on anyio.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -49,27 +54,31 @@ class GenerationBatcher:
         # Weight loads (their bodies and checks) wait on a limiter of their own: requests'
         # parsing and rendering can never keep a load from starting.
         self.load_limiter = anyio.CapacityLimiter(1)
-        self._send, self._receive = anyio.create_memory_object_stream[_Job](math.inf)
+        # (priority, arrival, job): the heap's smallest is the next job to batch.
+        self._queue: list[tuple[int, int, _Job]] = []
+        self._arrivals = itertools.count()
+        self._queued = anyio.Event()
+        self._closed = False
 
     def close(self) -> None:
         """Let ``run`` return once the queued jobs are done; no job can be queued after."""
-        self._send.close()
+        self._closed = True
+        self._queued.set()
 
     async def run(self) -> None:
-        """Take the queued jobs, as many as fit in ``max_batch`` sequences, and generate them
-        in one batch, until ``close``. Cancelling it stops generation (waiting requests never
-        end)."""
+        """Take the queued jobs in priority order, as many as fit in ``max_batch`` sequences,
+        and generate them in one batch, until ``close``. Cancelling it stops generation
+        (waiting requests never end)."""
         while True:
-            try:
-                jobs = [await self._receive.receive()]
-            except anyio.EndOfStream:
-                return
+            while not self._queue:
+                if self._closed:
+                    return
+                await self._queued.wait()
+                self._queued = anyio.Event()
+            jobs = [heapq.heappop(self._queue)[2]]
             size = len(jobs[0].requests)
-            while size < self.max_batch:
-                try:
-                    job = self._receive.receive_nowait()
-                except anyio.WouldBlock:
-                    break
+            while size < self.max_batch and self._queue:
+                job = heapq.heappop(self._queue)[2]
                 jobs.append(job)
                 size += len(job.requests)
             await self._generate_jobs(jobs)
@@ -98,11 +107,17 @@ class GenerationBatcher:
             offset += len(job.requests)
             job.done.set()
 
-    async def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        """Queue ``requests`` as one group and wait for their results. Raises
-        :class:`_GenerationFailed` if the model raised on their batch."""
+    async def generate(
+        self, requests: Sequence[GenerationRequest], *, priority: int = 0
+    ) -> list[GenerationResult]:
+        """Queue ``requests`` as one group of ``priority`` (lower is batched first) and wait
+        for their results. Raises :class:`_GenerationFailed` if the model raised on their
+        batch, ``anyio.ClosedResourceError`` after ``close``."""
+        if self._closed:
+            raise anyio.ClosedResourceError
         job = _Job(list(requests))
-        self._send.send_nowait(job)
+        heapq.heappush(self._queue, (priority, next(self._arrivals), job))
+        self._queued.set()
         await job.done.wait()
         if job.error is not None:
             raise _GenerationFailed(job.error)

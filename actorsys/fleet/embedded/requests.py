@@ -208,6 +208,21 @@ def _request(
     )
 
 
+PRIORITY_RANGE = (-(2**63), 2**63)
+"""The values vLLM's ``priority`` field takes (a signed 64-bit integer); sglang's alike."""
+
+
+def request_priority(body: dict[str, Any]) -> int:
+    """A body's ``priority`` (lower is batched first; none is 0), checked."""
+    priority = body.get("priority")
+    if priority is None:
+        return 0
+    low, high = PRIORITY_RANGE
+    if not _is_int(priority) or not low <= priority < high:
+        raise _BadRequest(f"priority: expected an integer in [-2**63, 2**63) or null, got {priority!r}")
+    return int(priority)
+
+
 def _stop(value: Any, field: str) -> tuple[str, ...]:
     """Stop sequences as a tuple of non-empty strings (OpenAI takes one string or a list)."""
     if value is None:

@@ -3,7 +3,8 @@
 Endpoints: ``/health``, ``/health_generate``, ``/update_weights_from_disk``, ``/model_info``
 (and ``/get_model_info``, ``/get_weight_version``, ``/v1/models``), ``/generate``,
 ``/v1/completions`` and ``/v1/chat/completions`` (:mod:`actorsys.fleet.embedded.chat`).
-Requests that arrive together are generated in one batch; a weight load
+Requests that arrive together are generated in one batch, those of the lowest ``priority``
+first (none is 0); a weight load
 waits for the running batch, and no batch starts until the load is done (the engine pauses
 the way vLLM's ``/pause?mode=wait`` does; :mod:`actorsys.fleet.embedded.batching`), so every
 answer comes from one checkpoint and is stamped with its version
@@ -54,6 +55,7 @@ from actorsys.fleet.embedded.requests import (
     generate_requests,
     is_utf8,
     parse_body,
+    request_priority,
 )
 from actorsys.fleet.vllm_worker.actorsys_api_key import ApiKeyMiddleware
 
@@ -172,6 +174,11 @@ class EmbeddedEngine(GenerationBatcher):
                 "served_model_name": self.served_model_name,
                 "max_batch": self.max_batch,
                 "weight_version": self.host.version,
+                # Its queue orders as sglang's does with these arguments
+                # (:mod:`actorsys.fleet.clients.priority` reads them).
+                "enable_priority_scheduling": True,
+                "schedule_low_priority_values_first": True,
+                "default_priority_value": 0,
             }
         )
 
@@ -210,10 +217,10 @@ class EmbeddedEngine(GenerationBatcher):
         return JSONResponse({"success": True, "message": message, "num_paused_requests": 0})
 
     async def _generate(self, request: Request) -> JSONResponse:
-        requests, single = await self._parsed(
-            request, lambda body: generate_requests(body, self.host)
+        (requests, single), priority = await self._parsed(
+            request, lambda body: (generate_requests(body, self.host), request_priority(body))
         )
-        results = await self.generate(requests)
+        results = await self.generate(requests, priority=priority)
         answers = [
             {
                 "text": self.host.decode(result.output_ids),
@@ -231,10 +238,13 @@ class EmbeddedEngine(GenerationBatcher):
         return JSONResponse(answers[0] if single else answers)
 
     async def _completions(self, request: Request) -> JSONResponse:
-        model, requests = await self._parsed(
-            request, lambda body: (body.get("model"), completion_requests(body, self.host))
+        model, requests, priority = await self._parsed(
+            request,
+            lambda body: (
+                body.get("model"), completion_requests(body, self.host), request_priority(body)
+            ),
         )
-        results = await self.generate(requests)
+        results = await self.generate(requests, priority=priority)
         choices = [
             self._choice(index, req, result)
             for index, (req, result) in enumerate(zip(requests, results, strict=True))
@@ -249,10 +259,11 @@ class EmbeddedEngine(GenerationBatcher):
         )
 
     async def _chat_completions(self, request: Request) -> JSONResponse:
-        call = await self._parsed(
-            request, lambda body: chat_call(body, self.host, self._chat_templates)
+        call, priority = await self._parsed(
+            request,
+            lambda body: (chat_call(body, self.host, self._chat_templates), request_priority(body)),
         )
-        results = await self.generate(call.requests)
+        results = await self.generate(call.requests, priority=priority)
         return JSONResponse(chat_response(call, results, self.host, self.served_model_name))
 
     def _choice(
