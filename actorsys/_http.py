@@ -1,5 +1,5 @@
 """The one home of actorsys's HTTP clients: how a client is built (the one TLS context of
-:mod:`actorsys._tls`), how the key is sent (a bearer token), what a 401 or 403 means (our
+a context built once: :func:`ssl_context`), how the key is sent (a bearer token), what a 401 or 403 means (our
 key is wrong or missing: :class:`~actorsys.EngineUnauthorizedError`, never retried), and the
 one backoff between attempts.
 
@@ -11,17 +11,27 @@ them.
 
 from __future__ import annotations
 
+import functools
+import ssl
 from collections.abc import Mapping
 
 import anyio
 import httpx
 
 from actorsys._errors import EngineUnauthorizedError
-from actorsys._tls import ssl_context
 
 RETRY_INITIAL_DELAY = 0.1
 RETRY_MAX_DELAY = 2.0
 UNAUTHORIZED = frozenset({401, 403})
+
+
+
+@functools.cache
+def ssl_context() -> ssl.SSLContext:
+    """The one TLS context every HTTP client shares. Building a context loads the CA bundle,
+    about 50 ms of CPU: a client made per request would pay that for every request, and a pin
+    of four engines makes a dozen."""
+    return ssl.create_default_context()
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:
@@ -39,7 +49,7 @@ def client(
     limits: httpx.Limits | None = None,
 ) -> httpx.AsyncClient:
     """An ``httpx.AsyncClient`` that sends ``api_key`` as a bearer token and verifies TLS with
-    the one context of :mod:`actorsys._tls`. ``transport`` replaces the network (tests, the
+    the one context of :func:`ssl_context`. ``transport`` replaces the network (tests, the
     door's in-process upstream). The caller closes it (``async with``, or ``aclose``)."""
     return httpx.AsyncClient(
         base_url=base_url,

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("actorsys", "bridge")
 
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"_errors", "_files", "_http", "_lazy", "_tls", "_flags", "_lock", "_jsonl", "flag_groups",
+    frozenset({"_errors", "_files", "_http", "_lazy", "_flags", "_lock", "_jsonl", "flag_groups",
                "runtime"}),
     frozenset({"config", "contracts", "staging"}),
     frozenset({"outcome", "snapshot", "fleet", "sinks", "metrics_file"}),
@@ -173,7 +173,7 @@ def private_to(target: str) -> str | None:
     (``actorsys.snapshot._write.write``, ``actorsys.fleet.embedded._x``) belongs to that unit (a
     top-level module or package of actorsys) alone; other units reach it only through the
     unit's public modules. The top-level private modules and packages (``actorsys._errors``,
-    ``_files``, ``_tls``, ``_flags``, ``_lock``, ``_jsonl``, ``_core``) are actorsys's shared
+    ``_files``, ``_http``, ``_flags``, ``_lock``, ``_jsonl``, ``_core``) are actorsys's shared
     leaves and its private core: any unit of actorsys may import them (not bridge/, bench/ or
     examples/, which use actorsys as its users do)."""
     parts = target.split(".")

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 
 from actorsys._errors import RemoteRewardError
-from actorsys._tls import ssl_context
+from actorsys._http import ssl_context
 
 
 def remote_reward(

@@ -47,7 +47,7 @@ from typing import Any, Literal
 import anyio
 import httpx
 
-from actorsys._tls import ssl_context
+from actorsys._http import ssl_context
 
 __all__ = ["engine_flavor", "eval_priorities", "sglang_priority", "vllm_priority"]
 
