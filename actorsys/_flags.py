@@ -102,7 +102,7 @@ FLAGS = (
          "whether a higher (max) or a lower (min) --eval-best-metric is better",
          choices=("max", "min")),
     Flag("--eval-keep-best", "keep_best", int, "N",
-         "snapshots of the N best points kept beside the ring under --eval-hf-dir, listed "
+         "snapshots of the N best points kept beside the ring in the staging dir, listed "
          "in best.json"),
     Flag("--eval-interval", "eval_interval", int, "STEPS",
          "evaluate at the steps that are a multiple of this"),

@@ -86,12 +86,12 @@ class CountingEngine(EmbeddedEngine):
         self.queued = 0
         self._waiters: list[tuple[int, trio.Event]] = []
 
-    async def generate(self, requests: Any) -> Any:
+    async def generate(self, requests: Any, *, priority: int = 0) -> Any:
         self.queued += 1
         for count, event in self._waiters:
             if self.queued >= count:
                 event.set()
-        return await super().generate(requests)
+        return await super().generate(requests, priority=priority)
 
     async def wait_queued(self, count: int) -> None:
         event = trio.Event()
