@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import os
 import stat
+import uuid
 
 from actorsys._errors import UnsafePathError
 
-__all__ = ["UnsafePathError", "check_directory", "open_private"]
+__all__ = ["UnsafePathError", "check_directory", "fsync_directory", "open_private", "replace_file"]
 
 
 def check_directory(directory: str) -> None:
@@ -79,3 +80,34 @@ def open_private(path: str, flags: int, mode: int = 0o644) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def fsync_directory(path: str) -> None:
+    """Make the entries of ``path`` durable (a rename or a new file in it). Blocking."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def replace_file(path: str, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically and durably: a fresh private file beside it
+    (:func:`open_private`), fsynced, renamed over it, the rename fsynced. A reader sees the
+    old file or the new, never part of one; a failure leaves no tmp file. Blocking."""
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex[:12]}.tmp")
+    fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    try:
+        with os.fdopen(fd, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    fsync_directory(directory)

@@ -19,6 +19,7 @@ import tempfile
 import uuid
 
 from actorsys._errors import ConfigError
+from actorsys._files import fsync_directory
 
 MARKER = ".actorsys"
 COMPLETE = ".complete"
@@ -68,7 +69,7 @@ def new_tmp_dir(staging: str, step: int) -> str:
 def seal(tmp: str) -> None:
     """Mark ``tmp`` complete and make it durable (fsync): ready to ``install``."""
     _write_file(os.path.join(tmp, COMPLETE), b"")
-    _fsync_dir(tmp)
+    fsync_directory(tmp)
 
 
 def install(tmp: str, final: str) -> None:
@@ -81,7 +82,7 @@ def install(tmp: str, final: str) -> None:
             raise FileExistsError(f"{final} exists and was not created by actorsys")
         retire(final)
     os.rename(tmp, final)
-    _fsync_dir(os.path.dirname(final))
+    fsync_directory(os.path.dirname(final))
 
 
 def is_ours(path: str) -> bool:
@@ -145,14 +146,6 @@ def _write_file(path: str, data: bytes, *, durable: bool = True) -> None:
         if durable:
             f.flush()
             os.fsync(f.fileno())
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def free_bytes(path: str) -> int:

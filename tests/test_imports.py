@@ -215,7 +215,7 @@ def test_bench_and_examples_import_nothing_private() -> None:
 def test_the_private_import_checks_see_a_crossing() -> None:
     assert private_to("actorsys.fleet._proc.process") == "fleet"
     assert private_to("actorsys.fleet.embedded._x") == "fleet"
-    assert private_to("actorsys._files") is None and private_to("actorsys._core.point") is None
+    assert private_to("actorsys._files") is None and private_to("actorsys._core.admission") is None
     assert private_to("actorsys.snapshot") is None
     script = ROOT / "bench" / "export.py"
     assert "actorsys.snapshot.fsync_tree" in user_imports(script)

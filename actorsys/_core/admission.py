@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import trio
 
 from actorsys._core.disk_room import DiskRoom
-from actorsys._core.flight import Flight
-from actorsys._core.point import Point, State
 from actorsys._core.submit import SubmitRequest, check_submit
 from actorsys._errors import SupervisorClosedError, SupervisorGaveUpError
+from actorsys.actors.flight import Flight
+from actorsys.actors.point import Point, State
 from actorsys.actors.retirer import Retirer
 from actorsys.config import EvalConfig
 from actorsys.runtime import ThreadTracker

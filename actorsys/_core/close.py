@@ -16,8 +16,8 @@ from typing import Any
 import trio
 
 from actorsys._core.collective.contribution import Contribution
-from actorsys._core.point import State
 from actorsys._core.wiring import Wiring
+from actorsys.actors.point import State
 from actorsys.actors.stage import within
 from actorsys.contracts import CheckpointEvalFn
 from actorsys.outcome import CloseReport, DrainReport

@@ -14,8 +14,8 @@ from typing import Any, TypedDict, Unpack
 
 import torch
 
-from actorsys._core.point import ExportFn, Point, Source
 from actorsys._errors import DuplicateStepError, SubmitError, UnsupportedModelError
+from actorsys.actors.point import ExportFn, Point, Source
 from actorsys.config import EvalConfig
 from actorsys.snapshot import StatePlan, plan_state
 

@@ -32,12 +32,12 @@ from actorsys._core.admission import Reservation
 from actorsys._core.collective.admission import decide
 from actorsys._core.collective.contribution import Contribution
 from actorsys._core.collective.protocol import Collective
-from actorsys._core.point import State
 from actorsys._core.staging_claim import StagingClaim, open_staging
 from actorsys._core.submit import SubmitArguments, SubmitRequest
 from actorsys._core.supervisor_start import join_collective, release_claim, run_actors, warm_up
 from actorsys._core.wiring import Wiring, check_collaborators, wire
 from actorsys._errors import SupervisorClosedError
+from actorsys.actors.point import State
 from actorsys.config import EvalConfig
 from actorsys.contracts import EvalFn
 from actorsys.fleet import Fleet

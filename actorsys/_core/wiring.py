@@ -24,11 +24,11 @@ from typing import Any
 import trio
 
 from actorsys._core.admission import Admission
-from actorsys._core.flight import Flight
-from actorsys._core.point import Point
 from actorsys._errors import ConfigError
 from actorsys.actors.exporter import Exporter
+from actorsys.actors.flight import Flight
 from actorsys.actors.pinner import FleetPinner, fleet_pool
+from actorsys.actors.point import Point
 from actorsys.actors.retirer import Retirer
 from actorsys.actors.runner import EvalInvoker, EvalRunner
 from actorsys.actors.stage import Stage

@@ -28,10 +28,9 @@ import json
 import logging
 import math
 import os
-import uuid
 from dataclasses import dataclass
 
-from actorsys._files import open_private
+from actorsys._files import replace_file
 from actorsys.config import EvalConfig
 from actorsys.outcome import BestPoint, Outcome
 
@@ -154,26 +153,7 @@ def _number(metrics: dict[str, float], name: str | None) -> float | None:
 
 
 def write_record(path: str, record: bytes) -> None:
-    """Replace ``path`` with ``record`` atomically: a fresh private file beside it, fsynced,
-    renamed over it, the rename fsynced. A reader sees the old file or the new, never part.
-    Blocking (the Retirer runs it in its delete thread)."""
-    directory = os.path.dirname(path)
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex[:12]}.tmp")
-    fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        with os.fdopen(fd, "wb") as file:
-            file.write(record)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    """Replace ``path`` with ``record`` atomically (:func:`~actorsys._files.replace_file`): a
+    reader sees the old file or the new, never part. Blocking (the Retirer runs it in its
+    delete thread)."""
+    replace_file(path, record)

@@ -111,7 +111,7 @@ def run_watch(args: argparse.Namespace) -> int:
     from actorsys._errors import ConfigError, UnsafePathError, WatchOutInUseError
     from actorsys.evals import DatasetEval, datasets_from_args
     from actorsys.fleet.fleet import EngineUnhealthyError
-    from actorsys.fleet.local.fleet import FleetStartError
+    from actorsys.fleet.local import FleetStartError
     from actorsys.watch.service import Watcher, WatchSettings, eval_key
 
     parser: argparse.ArgumentParser = args.parser

@@ -15,7 +15,7 @@ from types import TracebackType
 import trio
 
 from actorsys.fleet.fleet import Fleet
-from actorsys.fleet.local.fleet import EngineSpec, LocalFleet
+from actorsys.fleet.local import EngineSpec, LocalFleet
 from actorsys.watch.fleets import split
 
 

@@ -25,7 +25,7 @@ from actorsys.demo.addition import ANSWER_TOKENS, write_base_checkpoint
 from actorsys.demo.fleet_thread import FleetThread
 from actorsys.demo.out_dir import prepare_out
 from actorsys.demo.progress import DemoProgress
-from actorsys.fleet.local.fleet import VLLM_PYTHON
+from actorsys.fleet.local import VLLM_PYTHON
 from actorsys.metrics_file import Point
 from actorsys.outcome import Outcome
 from actorsys.sinks import JsonlSink

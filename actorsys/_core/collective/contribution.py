@@ -17,9 +17,9 @@ from actorsys._core.admission import Reservation
 from actorsys._core.collective.admission import contributor_verdict
 from actorsys._core.collective.messages import _PeerGoneError
 from actorsys._core.collective.protocol import Collective, Decision
-from actorsys._core.point import Point, Source
 from actorsys._core.submit import SubmitRequest
 from actorsys._errors import SubmitError, SupervisorClosedError
+from actorsys.actors.point import Point, Source
 from actorsys.outcome import DrainReport
 from actorsys.runtime import ThreadTracker, run_blocking
 from actorsys.snapshot import (

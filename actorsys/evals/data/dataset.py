@@ -143,8 +143,9 @@ class EvalDataset:
         defaults to the file's stem. Reads at most ``limit`` records. Raises
         :class:`DatasetError` naming the file and line for a file that cannot be read, a line
         that is not a JSON object, a missing key, a prompt that is not a string, or a label
-        the scorer cannot use, a list of messages without ``apply_chat_template``, a bad
-        ``rm_type`` in a record's metadata. Blocking (reads the file)."""
+        the scorer cannot use, or a list of messages without ``apply_chat_template``; a
+        record's ``rm_type`` that names no built-in scorer is that record's scorer error when
+        it is graded, not an error here. Blocking (reads the file)."""
         text_path = os.fspath(path)
         records, lines = _read_jsonl(text_path, limit)
         return cls(

@@ -63,7 +63,7 @@ from actorsys.fleet import (
 )
 from actorsys.fleet.clients.flavor import Flavor
 from actorsys.fleet.clients.vllm import RELOAD, TIED_RELOAD
-from actorsys.fleet.external.server import ExternalServer, ManagedProcess
+from actorsys.fleet.external import ExternalServer, ManagedProcess
 from actorsys.fleet.on_all import EngineUnauthorizedError
 from actorsys.fleet.pin.verdict import PinVerdict
 

@@ -47,7 +47,7 @@ from typing import Any, Literal
 import anyio
 import httpx
 
-from actorsys._http import ssl_context
+from actorsys import _http
 
 __all__ = ["engine_flavor", "eval_priorities", "sglang_priority", "vllm_priority"]
 
@@ -91,7 +91,7 @@ def engine_flavor(engine: object) -> PriorityFlavor | None:
         flavor = getattr(candidate, "flavor", None)
         if flavor in ("vllm", "sglang"):
             return flavor
-    spec = getattr(engine, "spec", None) or getattr(engine, "_spec", None)
+    spec = getattr(engine, "spec", None)
     kind = getattr(spec, "kind", None)
     if kind == "vllm":
         return "vllm"
@@ -112,10 +112,7 @@ async def eval_priorities(
     by priority). Blocks on one ``/get_server_info`` per sglang engine, each bounded by
     :data:`INFO_TIMEOUT`; the caller's cancel scope bounds the whole."""
     priorities: dict[str, int] = {}
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    async with httpx.AsyncClient(
-        headers=headers, timeout=INFO_TIMEOUT, transport=transport, verify=ssl_context()
-    ) as client:
+    async with _http.client(api_key=api_key, timeout=INFO_TIMEOUT, transport=transport) as client:
         for engine in engines:
             url = getattr(engine, "url", None)
             flavor = engine_flavor(engine)

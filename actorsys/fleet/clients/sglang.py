@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import httpx
 
-from actorsys.fleet.clients._http import HttpEngine, json_object
+from actorsys.fleet.clients._http_engine import HttpEngine, json_object
 from actorsys.fleet.fleet import CheckpointRejectedError, EngineUnhealthyError
 from actorsys.fleet.pin.probe import PROBE_SAMPLING
 

@@ -31,7 +31,7 @@ from actorsys.fleet.checkpoint import (
     read_config,
     read_tensor_infos,
 )
-from actorsys.fleet.clients._http import HttpEngine, json_object
+from actorsys.fleet.clients._http_engine import HttpEngine, json_object
 from actorsys.fleet.fleet import CheckpointRejectedError, EngineUnhealthyError
 from actorsys.fleet.pin.probe import PROBE_SAMPLING
 from actorsys.runtime import ThreadTracker, run_blocking

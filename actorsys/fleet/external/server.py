@@ -38,7 +38,7 @@ from actorsys._errors import ConfigError
 from actorsys.fleet._proc.port import until_owned
 from actorsys.fleet._proc.process import ManagedProcess, open_log, spawn
 from actorsys.fleet._proc.serving import free_port, new_api_key, wait_healthy
-from actorsys.fleet.clients._http import check_url
+from actorsys.fleet.clients._http_engine import check_url
 from actorsys.fleet.clients.flavor import FLAVORS, Flavor, engine_of_flavor
 from actorsys.fleet.external.launch import argv_key, check_launch, launch_command, without_key
 from actorsys.fleet.fleet import Engine, Fleet
@@ -46,7 +46,7 @@ from actorsys.fleet.on_all import EngineUnauthorizedError, EngineUnhealthyError
 from actorsys.fleet.vllm_launch import EXTENSION_FLAG
 from actorsys.runtime import ThreadTracker, run_blocking
 
-__all__ = ["ExternalServer", "ManagedProcess"]
+__all__ = ["ExternalServer"]
 
 log = logging.getLogger("actorsys.fleet")
 

@@ -44,28 +44,15 @@ import trio
 
 from actorsys._errors import ConfigError
 from actorsys.fleet._proc.process import ManagedProcess
-from actorsys.fleet._proc.serving import HEALTH_POLL_INTERVAL, free_port, new_api_key, on_host
+from actorsys.fleet._proc.serving import new_api_key
 from actorsys.fleet.fleet import Fleet
 from actorsys.fleet.local.engine import LocalEngine
-from actorsys.fleet.local.specs import VLLM_PYTHON, EngineSpec, embedded, serve_inherited, vllm
+from actorsys.fleet.local.specs import EngineSpec
 from actorsys.fleet.local.start import log_directory, start_engine, start_router, wait_started
 from actorsys.fleet.on_all import EngineUnauthorizedError, FleetStartError
 from actorsys.runtime import RestartIntensity, ThreadTracker, run_blocking
 
-__all__ = [
-    "HEALTH_POLL_INTERVAL",
-    "VLLM_PYTHON",
-    "EngineSpec",
-    "FleetStartError",
-    "LocalEngine",
-    "LocalFleet",
-    "embedded",
-    "free_port",
-    "new_api_key",
-    "on_host",
-    "serve_inherited",
-    "vllm",
-]
+__all__ = ["LocalFleet"]
 
 log = logging.getLogger("actorsys.fleet")
 

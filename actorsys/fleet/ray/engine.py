@@ -32,7 +32,7 @@ class RayEngine:
         self.actor = actor
         self.name = name
         self.api_key = api_key
-        self._spec = spec
+        self.spec = spec
         self._client: Engine | None = None
         self.url: str | None = None
         self.answer_timeout = ACTOR_ANSWER_TIMEOUT
@@ -73,6 +73,6 @@ class RayEngine:
                 "(restarting, or no node can place it)",
             ) from exc
         if url != self.url or self._client is None:
-            self._client = self._spec.make_client(url, self.name, self.api_key)
+            self._client = self.spec.make_client(url, self.name, self.api_key)
             self.url = url
         return self._client

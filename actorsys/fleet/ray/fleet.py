@@ -41,20 +41,11 @@ from actorsys.fleet.flags import fleet_flags_from_args
 from actorsys.fleet.fleet import Fleet
 from actorsys.fleet.local.specs import VLLM_PYTHON, EngineSpec, embedded, vllm
 from actorsys.fleet.on_all import FleetStartError
-from actorsys.fleet.ray._calls import RayCalls, all_answer, await_ref, import_ray, kill_actors
+from actorsys.fleet.ray._calls import RayCalls, all_answer, import_ray, kill_actors
 from actorsys.fleet.ray.engine import ACTOR_ANSWER_TIMEOUT, RayEngine
 from actorsys.fleet.ray.server import EngineServer
 
-__all__ = [
-    "ACTOR_ANSWER_TIMEOUT",
-    "DEFAULT_RESOURCES",
-    "ENGINES",
-    "EngineServer",
-    "RayEngine",
-    "RayFleet",
-    "await_ref",
-    "engine_spec",
-]
+__all__ = ["DEFAULT_RESOURCES", "ENGINES", "RayFleet", "engine_spec"]
 
 ENGINES = ("embedded", "vllm")
 DEFAULT_RESOURCES: Mapping[str, Any] = {"num_cpus": 1}
