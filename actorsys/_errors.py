@@ -36,8 +36,11 @@ One root, a flat set of precise meanings; each error carries its context as attr
     │   │   └── EngineUnauthorizedError  a 401/403: our key is wrong or missing; never
     │   │                             waited on or retried
     │   ├── PinViolationError       pin_violation: ``expected``, ``actual``
-    │   │   └── WeightsMismatchError  the right version, other weights: ``answer``,
-    │   │                             ``reference``, ``prompt``, ``position``
+    │   │   ├── WeightsMismatchError  the right version, other weights: ``answer``,
+    │   │   │                         ``reference``, ``prompt``, ``position``
+    │   │   └── EnginesDisagreeError  (shared fleet) the engines read back the version
+    │   │                             but answer the probe as different weights do:
+    │   │                             ``dissenters``
     │   ├── CheckpointRejectedError ckpt_invalid: ``path``
     │   └── ProbeCancelledError     pin_timeout: the probe was cut off before its answers
     │                               were judged
@@ -278,8 +281,12 @@ class PinViolationError(PinError):
 
     reason = "pin_violation"
 
-    def __init__(self, engine: str, expected: str, actual: str | None) -> None:
-        super().__init__(engine, f"serves version {actual!r} after loading {expected!r}")
+    def __init__(
+        self, engine: str, expected: str, actual: str | None, *, message: str | None = None
+    ) -> None:
+        super().__init__(
+            engine, message or f"serves version {actual!r} after loading {expected!r}"
+        )
         self.expected = expected
         self.actual = actual
 
@@ -336,6 +343,20 @@ class WeightsMismatchError(PinViolationError):
         self.position = position
         self.gap = gap
         self.margin = margin
+
+
+class EnginesDisagreeError(PinViolationError):
+    """The engines of a shared fleet all read back ``expected`` but do not answer the probe
+    alike: ``dissenters`` answer as other weights do than the strict majority of the
+    engines, or (no strict majority) every engine is named. There is no snapshot to judge a
+    shared fleet by, so its engines are judged by each other."""
+
+    def __init__(self, version: str, dissenters: list[str], detail: str) -> None:
+        super().__init__(
+            dissenters[0] if len(dissenters) == 1 else "fleet", version, version,
+            message=f"reads back version {version!r} but the engines disagree: {detail}",
+        )
+        self.dissenters = dissenters
 
 
 class CheckpointRejectedError(PinError):

@@ -28,12 +28,23 @@ from actorsys._errors import ConfigError
 from actorsys._flags import require_int, require_seconds
 from actorsys.flag_groups import add_registered_flags
 
-__all__ = ["BEST_MODES", "OVERFLOW_POLICIES", "BestMode", "EvalConfig", "Overflow", "require_seconds"]
+__all__ = [
+    "BEST_MODES",
+    "OVERFLOW_POLICIES",
+    "SHARED_UPDATE_POLICIES",
+    "BestMode",
+    "EvalConfig",
+    "Overflow",
+    "SharedUpdate",
+    "require_seconds",
+]
 
 Overflow = Literal["backpressure", "skip", "latest"]
 OVERFLOW_POLICIES: tuple[Overflow, ...] = ("backpressure", "skip", "latest")
 BestMode = Literal["max", "min"]
 BEST_MODES: tuple[BestMode, ...] = ("max", "min")
+SharedUpdate = Literal["wait", "preempt"]
+SHARED_UPDATE_POLICIES: tuple[SharedUpdate, ...] = ("wait", "preempt")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,6 +88,13 @@ class EvalConfig:
       ``<=`` for ``"min"``). ``patience``: ``should_stop`` turns True after that many ok points
       in a row that do not improve ``best_metric`` (points without it do not count).
     - ``eval_interval`` and ``skip_eval_before_train``, miles' cadence: see :meth:`due`.
+
+    Shared mode (:meth:`actorsys.EvalSupervisor.weight_update`):
+
+    - ``shared_update``: what the trainer's update of a shared fleet's weights does to the
+      ``served`` points admitted before it: ``"wait"`` for them to settle, for at most
+      ``shared_update_timeout`` seconds, then cut what is left; ``"preempt"`` cut them at
+      once (``preempted`` if evaluating, ``superseded`` if not).
     """
 
     hf_dir: str | os.PathLike[str] | None = None
@@ -103,6 +121,8 @@ class EvalConfig:
     patience: int | None = None
     eval_interval: int | None = None
     skip_eval_before_train: bool = False
+    shared_update: SharedUpdate = "wait"
+    shared_update_timeout: float = 60.0
 
     def __post_init__(self) -> None:
         for name in ("hf_dir", "base_checkpoint"):
@@ -132,6 +152,11 @@ class EvalConfig:
         for name in ("pin_timeout", "close_timeout", "restart_period", "collective_timeout"):
             require_seconds(name, getattr(self, name))
         self._check_deciding()
+        if self.shared_update not in SHARED_UPDATE_POLICIES:
+            raise ConfigError(
+                "shared_update", f"expected 'wait' or 'preempt', got {self.shared_update!r}"
+            )
+        require_seconds("shared_update_timeout", self.shared_update_timeout, allow_zero=True)
 
     def _check_deciding(self) -> None:
         """The fields of best-keeping, stopping and cadence."""

@@ -84,16 +84,28 @@ class RolloutFnEvalInput(RolloutFnBaseInput):
     """One evaluation point.
 
     ``rollout_id`` is the training step the weights come from, ``weight_version`` the version
-    label every engine of ``fleet`` was pinned to (``str(step)``), ``hf_dir`` the checkpoint.
+    label every engine of ``fleet`` was pinned to (``str(step)``, or the ``served`` version),
+    ``hf_dir`` the checkpoint (None for a ``served`` point: the weights are those the shared
+    fleet serves, and there is no snapshot). ``base_checkpoint`` is
+    ``EvalConfig.base_checkpoint``: where an eval fn finds the model's tokenizer, chat
+    template and config when there is no checkpoint (never the weights evaluated).
     """
 
     weight_version: str | None = None
     hf_dir: str | None = None
     fleet: EvalFleet | None = None
+    base_checkpoint: str | None = None
 
     @property
     def evaluation(self) -> bool:
         return True
+
+
+def model_files(checkpoint_dir: str | None, input: RolloutFnEvalInput) -> str | None:  # noqa: A002
+    """Where an eval fn reads the model's tokenizer, chat template and config for a point:
+    its checkpoint, or for a ``served`` point (no checkpoint) ``input.base_checkpoint``;
+    None where there is neither. Never a source of weights to evaluate."""
+    return checkpoint_dir if checkpoint_dir is not None else input.base_checkpoint
 
 
 @dataclass(frozen=True)
@@ -145,6 +157,10 @@ class CheckpointEvalFn(BaseRolloutFn):
 
     Subclasses may define ``__init__`` freely: the supervisor relies on no attribute the base
     ``__init__`` sets.
+
+    A ``served`` point (``submit(step, served=...)``, evaluated on the trainer's own engines)
+    has no checkpoint: ``checkpoint_dir`` is None, and what an eval fn needs of the model's
+    files (its tokenizer) is in ``input.base_checkpoint``.
     """
 
     runtime: ClassVar[Runtime] = "trio"

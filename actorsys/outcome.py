@@ -22,6 +22,7 @@ SKIP_REASONS: tuple[str, ...] = (
     "timeout",
     "crashed",
     "closed",
+    "preempted",
 )
 """The reasons actorsys itself gives; an eval fn may add its own through ``EvalSkip``."""
 
@@ -124,4 +125,8 @@ class SupervisorStatistics:
     gave_up: bool
     closed: bool
     buffers: PoolStatistics | None = None
+    weight_update_waits: int = 0
+    """How many ``weight_update`` entries found ``served`` points in flight to wait for."""
+    weight_update_wait_seconds: float = 0.0
+    """The seconds those entries waited, in all."""
     """The weight buffer pool's statistics (sets faulted in, reused, prepared)."""

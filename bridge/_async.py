@@ -25,7 +25,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import Any, Unpack
 
@@ -39,6 +40,7 @@ from bridge._base import BridgeBase
 from bridge._budgets import drains_on_exit
 from bridge._host_loop import on_host_loop
 from bridge._sync import remaining
+from bridge._update import HostUpdate
 
 
 def _consume(future: asyncio.Future[Any]) -> None:
@@ -135,6 +137,18 @@ class AsyncEvalBridge(BridgeBase):
             call.abandon()
             raise
         return rt.take_prepared(call)
+
+    @asynccontextmanager
+    async def weight_update(self, timeout: float | None = None) -> AsyncIterator[None]:  # noqa: ASYNC109
+        """``async with ev.weight_update():``; as :meth:`bridge.EvalBridge.weight_update`,
+        suspending only this task."""
+        update = HostUpdate(self._rt.trio, self._rt.config, timeout)
+        try:
+            await self._wait(update.entered.future, update.wait_bound)
+            update.result()
+            yield
+        finally:
+            update.leave()
 
     async def drain(self, timeout: float | None = None) -> DrainReport:  # noqa: ASYNC109
         """As :meth:`bridge.EvalBridge.drain`; suspends only this task."""

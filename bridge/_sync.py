@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from types import TracebackType
 from typing import Any, Unpack
 
@@ -27,6 +28,7 @@ from actorsys.snapshot import PoolStatistics
 from actorsys.supervisor import SubmitArguments, SubmitRequest
 from bridge._base import BridgeBase
 from bridge._budgets import drains_on_exit
+from bridge._update import HostUpdate
 
 
 def wait_any(
@@ -132,6 +134,21 @@ class EvalBridge(BridgeBase):
             call.abandon()
             raise
         return rt.take_prepared(call)
+
+    @contextmanager
+    def weight_update(self, timeout: float | None = None) -> Iterator[None]:
+        """``with ev.weight_update():`` around each update of a shared fleet's weights; as
+        :meth:`actorsys.EvalSupervisor.weight_update`. Entering blocks this thread until the
+        ``served`` points admitted before it settled or were cut, for at most ``timeout``
+        seconds (default ``config.shared_update_timeout``; none under ``"preempt"``) plus a
+        fraction of a second; never raises for the budget. Leaving never blocks."""
+        update = HostUpdate(self._rt.trio, self._rt.config, timeout)
+        try:
+            wait_any([update.entered.future, self._rt.trio.finished], update.wait_bound)
+            update.result()
+            yield
+        finally:
+            update.leave()
 
     def drain(self, timeout: float | None = None) -> DrainReport:
         """Wait until the points in flight now have settled, for at most ``timeout`` seconds

@@ -15,11 +15,12 @@ from dataclasses import dataclass
 import trio
 
 from actorsys._core.disk_room import DiskRoom
-from actorsys._core.submit import SubmitRequest, check_submit
+from actorsys._core.submit import DEDICATED_ONLY, FleetKinds, SubmitRequest, check_submit
 from actorsys._errors import SupervisorClosedError, SupervisorGaveUpError
 from actorsys.actors.flight import Flight
-from actorsys.actors.point import Point, State
+from actorsys.actors.point import Point, Source, State
 from actorsys.actors.retirer import Retirer
+from actorsys.actors.weight_gate import WeightGate
 from actorsys.config import EvalConfig
 from actorsys.runtime import ThreadTracker
 from actorsys.snapshot import BufferLease, BufferPool, CapturedWeights, StatePlan
@@ -50,6 +51,10 @@ class Admission:
         buffers: BufferPool,
         export_send: trio.MemorySendChannel[Point],
         tracker: ThreadTracker,
+        *,
+        fleets: FleetKinds = DEDICATED_ONLY,
+        served_send: trio.MemorySendChannel[Point] | None = None,
+        gate: WeightGate | None = None,
     ) -> None:
         self.config = config
         self.flight = flight
@@ -59,6 +64,9 @@ class Admission:
         self.closing = False
         self.gave_up: Exception | None = None
         self._export_send = export_send
+        self.fleets = fleets
+        self._served_send = served_send
+        self.gate = gate
         self.disk = None if staging_dir is None else DiskRoom(staging_dir, self._pending_bytes, tracker)
         self._steps: set[int] = set()
         self._reserved = 0
@@ -77,7 +85,7 @@ class Admission:
         None if the point settled at once instead. Cancelling the wait admits nothing.
         """
         self.check_open()
-        point, plan = check_submit(request, self.config, self._steps)
+        point, plan = check_submit(request, self.config, self._steps, self.fleets)
         nbytes = 0 if plan is None else plan.nbytes
         self._steps.add(point.step)
         self.retirer.note_step(point.step)
@@ -123,8 +131,15 @@ class Admission:
             self._left(reservation.nbytes)
             return False
         point = point.but(weights=weights)
-        self.flight.admit(point)
-        self._export_send.send_nowait(point)
+        ticket = self.flight.admit(point)
+        if point.source is Source.SERVED:
+            # Nothing to export: straight to the shared fleets' pinner, in the gate's order.
+            assert self._served_send is not None and self.gate is not None
+            ticket.state = State.PIN
+            self.gate.admitted(point.step)
+            self._served_send.send_nowait(point)
+        else:
+            self._export_send.send_nowait(point)
         log.info("step %d admitted (%s)", point.step, point.source.value)
         return True
 

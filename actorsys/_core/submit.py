@@ -10,28 +10,31 @@ from __future__ import annotations
 
 import os
 from collections.abc import Container, Mapping
+from dataclasses import dataclass
 from typing import Any, TypedDict, Unpack
 
 import torch
 
-from actorsys._errors import DuplicateStepError, SubmitError, UnsupportedModelError
+from actorsys._errors import ConfigError, DuplicateStepError, SubmitError, UnsupportedModelError
 from actorsys.actors.point import ExportFn, Point, Source
 from actorsys.config import EvalConfig
 from actorsys.snapshot import StatePlan, plan_state
 
-SOURCES = ("model", "state_dict", "export", "checkpoint_dir")
+SOURCES = ("model", "state_dict", "export", "checkpoint_dir", "served")
 
 
 class SubmitArguments(TypedDict, total=False):
     """The keyword arguments of ``submit(step, ...)``; see :meth:`actorsys.EvalSupervisor.submit`.
 
-    Exactly one source (``model``, ``state_dict``, ``export``, ``checkpoint_dir``), or none in
-    reuse mode; ``require_marker`` only with ``checkpoint_dir``; ``force`` never drops."""
+    Exactly one source (``model``, ``state_dict``, ``export``, ``checkpoint_dir``, ``served``),
+    or none in reuse mode; ``require_marker`` only with ``checkpoint_dir``; ``force`` never
+    drops."""
 
     model: torch.nn.Module | None
     state_dict: Mapping[str, torch.Tensor] | None
     export: ExportFn | None
     checkpoint_dir: str | os.PathLike[str] | None
+    served: bool | str | None
     require_marker: bool | None
     force: bool
 
@@ -66,14 +69,31 @@ class SubmitRequest:
         return model if model is not None else self.arguments.get("state_dict")
 
 
+@dataclass(frozen=True)
+class FleetKinds:
+    """Which kinds of fleet a supervisor lends: ``shared`` ones (for ``served`` points) and
+    ``dedicated`` ones (every other point; ``fleet=None`` counts as one)."""
+
+    shared: bool
+    dedicated: bool
+
+
+DEDICATED_ONLY = FleetKinds(shared=False, dedicated=True)
+
+
 def check_submit(
-    request: SubmitRequest, config: EvalConfig, submitted: Container[int]
+    request: SubmitRequest,
+    config: EvalConfig,
+    submitted: Container[int],
+    fleets: FleetKinds = DEDICATED_ONLY,
 ) -> tuple[Point, StatePlan | None]:
     """The point ``request`` admits and, for weights, the plan of their copy.
 
     Raises :class:`~actorsys.SubmitError` (naming the argument and the fix) for a malformed
-    request, :class:`~actorsys.DuplicateStepError` for a step in ``submitted`` and
-    :class:`~actorsys.UnsupportedModelError` for a model whose form cannot be copied.
+    request, :class:`~actorsys.DuplicateStepError` for a step in ``submitted``,
+    :class:`~actorsys.UnsupportedModelError` for a model whose form cannot be copied, and
+    :class:`~actorsys.ConfigError` for a point no fleet of the supervisor takes (``served``
+    with no shared fleet, another source when every fleet is shared).
     """
     args: Mapping[str, Any] = request.arguments
     step, force, require_marker = request.step, request.force, args.get("require_marker")
@@ -82,13 +102,25 @@ def check_submit(
         raise SubmitError(step, "step must be an integer >= 0")
     if step in submitted:
         raise DuplicateStepError(step, "this step was already submitted; each step is evaluated once")
-    given = [name for name in SOURCES if args.get(name) is not None]
+    # served=False is no source at all (the flag a trainer passes through unchanged).
+    given = [
+        name for name in SOURCES
+        if args.get(name) is not None and not (name == "served" and args.get(name) is False)
+    ]
     if len(given) > 1:
         raise SubmitError(step, f"pass exactly one source, got {', '.join(sorted(given))}")
     if not isinstance(force, bool):
         raise SubmitError(step, f"force must be a bool, got {force!r}")
     if require_marker is not None and not isinstance(require_marker, bool):
         raise SubmitError(step, f"require_marker must be a bool or None, got {require_marker!r}")
+    if given == ["served"]:
+        return _served_point(step, force, args["served"], require_marker, fleets), None
+    if not fleets.dedicated:
+        raise ConfigError(
+            "submit(served)", f"step {step}: every fleet of this supervisor is shared (the "
+            "trainer's own engines), so it evaluates only submit(step, served=True); pass a "
+            "fleet that is not shared for exported points",
+        )
     if not given:
         reuse = config.reuse_path(step)
         if reuse is None or config.staging_dir is not None:
@@ -128,3 +160,27 @@ def check_submit(
     except (TypeError, ValueError) as exc:
         raise SubmitError(step, str(exc)) from exc
     return Point(step, Source.WEIGHTS, force), plan
+
+
+def _served_point(
+    step: int, force: bool, served: object, require_marker: bool | None, fleets: FleetKinds
+) -> Point:
+    """The point of ``submit(step, served=...)``: the version the shared fleets serve now
+    (``True``: ``str(step)``; a string: that version)."""
+    if require_marker is not None:
+        raise SubmitError(step, "require_marker applies only to checkpoint_dir=")
+    if served is True:
+        version = str(step)
+    elif isinstance(served, str) and served.strip() and served.isprintable():
+        version = served
+    else:
+        raise SubmitError(
+            step, f"served must be True (the version is the step) or the version string the "
+            f"trainer labels its engines with, got {served!r}",
+        )
+    if not fleets.shared:
+        raise ConfigError(
+            "submit(served)", f"step {step}: served= evaluates the weights a shared fleet "
+            "serves, and this supervisor has none (pass Fleet(engines, shared=True))",
+        )
+    return Point(step, Source.SERVED, force, weight_version=version)

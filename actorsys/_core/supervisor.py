@@ -36,9 +36,9 @@ from actorsys._core.staging_claim import StagingClaim, open_staging
 from actorsys._core.submit import SubmitArguments, SubmitRequest
 from actorsys._core.supervisor_start import join_collective, release_claim, run_actors, warm_up
 from actorsys._core.wiring import Wiring, check_collaborators, wire
-from actorsys._errors import SupervisorClosedError
+from actorsys._errors import ConfigError, SupervisorClosedError
 from actorsys.actors.point import State
-from actorsys.config import EvalConfig
+from actorsys.config import EvalConfig, require_seconds
 from actorsys.contracts import EvalFn
 from actorsys.fleet import Fleet
 from actorsys.outcome import BestPoint, CloseReport, DrainReport, SupervisorStatistics
@@ -59,6 +59,11 @@ NOT_STARTED = SupervisorStatistics(
 )
 
 __all__ = ["EvalSupervisor", "Reservation", "SubmitRequest"]
+
+_NOT_EVALUATING_RANK = (
+    "served points and weight_update belong to the evaluating rank (EvalConfig.eval_rank), "
+    "the process that drives the rollout engines; call them there only"
+)
 
 
 class EvalSupervisor:
@@ -173,13 +178,18 @@ class EvalSupervisor:
         """Hand the weights of ``step`` to the pipeline; True if admitted.
 
         The arguments (``SubmitArguments``, all keyword-only): ``model=None, state_dict=None,
-        export=None, checkpoint_dir=None, require_marker=None, force=False``. Exactly one
-        source: ``model`` / ``state_dict`` (copied to CPU before this returns, so the trainer
-        may change them right after; the copy runs in a worker thread, on the caller's current
-        CUDA streams, so the actors and evaluations run on meanwhile), ``export``
-        (``async (step, path)`` that writes the checkpoint into ``path``), or
-        ``checkpoint_dir`` (an existing checkpoint, never deleted). With ``save_hf`` set and no
-        ``hf_dir``, no source evaluates the trainer's own saved checkpoint of ``step``.
+        export=None, checkpoint_dir=None, served=None, require_marker=None, force=False``.
+        Exactly one source: ``model`` / ``state_dict`` (copied to CPU before this returns, so
+        the trainer may change them right after; the copy runs in a worker thread, on the
+        caller's current CUDA streams, so the actors and evaluations run on meanwhile),
+        ``export`` (``async (step, path)`` that writes the checkpoint into ``path``),
+        ``checkpoint_dir`` (an existing checkpoint, never deleted), or ``served`` (``True``,
+        or the version string the trainer labels its engines with: the weights the shared
+        fleets serve now; nothing is copied, exported or retired, and the point goes only to
+        a shared fleet). With ``save_hf`` set and no ``hf_dir``, no source evaluates the
+        trainer's own saved checkpoint of ``step``. A source no fleet takes (``served`` with
+        no shared fleet, another one when every fleet is shared) raises
+        :class:`~actorsys.ConfigError` and changes nothing.
 
         Always a checkpoint, so a trio trainer that only awaits ``submit`` lets the actors
         run. Blocks only under ``overflow="backpressure"`` (or ``force=True``) while
@@ -234,6 +244,11 @@ class EvalSupervisor:
         ``buffers`` needs no copy (a rank of a collective submit that holds no shards).
         """
         admission = self._running().admission
+        if request.arguments.get("served") not in (None, False):
+            # A served point is the evaluating rank's own: the other ranks hold no weights of it.
+            if self._contribution is not None:
+                raise ConfigError("submit(served)", _NOT_EVALUATING_RANK)
+            return await admission.reserve(request)
         if self._contribution is not None:
             return await self._contribution.reserve(request)
         if self._collective is not None:
@@ -259,6 +274,31 @@ class EvalSupervisor:
         self._running().admission.release(reservation)
         if self._collective is not None:
             self._collective.settled(reservation.point.step)
+
+    def weight_update(self, timeout: float | None = None) -> AbstractAsyncContextManager[None]:  # noqa: ASYNC109 - a budget
+        """``async with sup.weight_update():`` around each update of a shared fleet's weights
+        (the trainer's NCCL broadcast, CUDA IPC or disk reload, and its version label).
+
+        On entry it waits until every ``served`` point admitted before it has settled
+        (queued, pinning or evaluating), for at most ``timeout`` seconds (default
+        ``config.shared_update_timeout``; no wait under ``shared_update="preempt"``); what
+        has not settled by then is cut: ``preempted`` if it was evaluating (its scores are
+        discarded), ``superseded`` if not. Entry never raises for the budget and returns
+        within it. Inside the block no evaluation starts on a shared fleet; leaving it lets
+        them start again. Cancelling the entry's wait cuts nothing and leaves at once.
+        Counted in ``statistics().weight_update_waits`` and ``.weight_update_wait_seconds``.
+        Raises :class:`~actorsys.ConfigError` on a rank that is not the evaluating one.
+        """
+        if self._contributing:
+            raise ConfigError("weight_update", _NOT_EVALUATING_RANK)
+        config = self.config
+        if config.shared_update == "preempt":
+            budget = 0.0
+        elif timeout is None:
+            budget = config.shared_update_timeout
+        else:
+            budget = require_seconds("weight_update(timeout)", timeout, allow_zero=True)
+        return self._running().gate.update(budget)
 
     def note_step(self, step: int) -> None:
         """Tell the supervisor the trainer's current step (for ``eval/lag_steps``)."""

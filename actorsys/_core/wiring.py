@@ -24,14 +24,16 @@ from typing import Any
 import trio
 
 from actorsys._core.admission import Admission
+from actorsys._core.submit import FleetKinds
 from actorsys._errors import ConfigError
 from actorsys.actors.exporter import Exporter
 from actorsys.actors.flight import Flight
-from actorsys.actors.pinner import FleetPinner, fleet_pool
+from actorsys.actors.pinner import FleetPinner, FleetReturns, fleet_pool
 from actorsys.actors.point import Point
 from actorsys.actors.retirer import Retirer
 from actorsys.actors.runner import EvalInvoker, EvalRunner
 from actorsys.actors.stage import Stage
+from actorsys.actors.weight_gate import WeightGate
 from actorsys.config import EvalConfig
 from actorsys.contracts import RUNTIMES
 from actorsys.fleet import Fleet
@@ -57,6 +59,7 @@ class Wiring:
     invoker: EvalInvoker
     actors: ActorSupervisor
     stages: tuple[Stage, ...]
+    gate: WeightGate
 
     def statistics(self) -> SupervisorStatistics:
         retirer = self.retirer
@@ -69,6 +72,8 @@ class Wiring:
             gave_up=self.admission.gave_up is not None,
             closed=self.admission.closing,
             buffers=self.buffers.statistics(),
+            weight_update_waits=self.gate.waits,
+            weight_update_wait_seconds=self.gate.wait_seconds,
         )
 
     def give_up(self, exc: Exception) -> None:
@@ -107,23 +112,37 @@ def wire(
     pin_send, pin_recv = trio.open_memory_channel[Point](math.inf)
     eval_send, eval_recv = trio.open_memory_channel[Point](math.inf)
     retirer = Retirer(config, flight, sink, tracker, staging_dir=staging_dir)
-    admission = Admission(config, flight, retirer, staging_dir, buffers, export_send, tracker)
+    shared = [f for f in fleets if f is not None and f.shared]
+    dedicated = [f for f in fleets if f is None or not f.shared]
+    dedicated_returns, idle_fleets = fleet_pool(dedicated)
+    shared_returns, idle_shared = fleet_pool(shared)
+    returns = FleetReturns(dedicated_returns, shared_returns)
+    served_send, served_recv = trio.open_memory_channel[Point](math.inf)
+    gate = WeightGate(flight)
+    admission = Admission(
+        config, flight, retirer, staging_dir, buffers, export_send, tracker,
+        fleets=FleetKinds(shared=bool(shared), dedicated=bool(dedicated)),
+        served_send=served_send, gate=gate,
+    )
     exporter = Exporter(config, flight, retirer, staging_dir, tracker, disk=admission.disk)
-    fleet_returns, idle_fleets = fleet_pool(fleets)
     probed = config.probe and any(
-        isinstance(engine, ProbedEngine) for fleet in fleets if fleet for engine in fleet.engines
+        isinstance(engine, ProbedEngine) for fleet in dedicated if fleet for engine in fleet.engines
     )
     pinner = FleetPinner(
-        config, flight, retirer, idle_fleets, fleet_returns.clone(), warm_references=probed
+        config, flight, retirer, idle_fleets, returns.clone(), warm_references=probed
     )
+    shared_pinner = FleetPinner(config, flight, retirer, idle_shared, returns.clone(), gate=gate)
     invoker = EvalInvoker(eval_fn, tracker)
-    runner = EvalRunner(config, flight, retirer, fleet_returns.clone(), invoker)
+    runner = EvalRunner(config, flight, retirer, returns.clone(), invoker)
 
     async def run_exporter() -> None:
         await exporter.run(export_recv.clone(), pin_send.clone())
 
     async def run_pinner() -> None:
         await pinner.run(pin_recv.clone(), eval_send.clone())
+
+    async def run_shared_pinner() -> None:
+        await shared_pinner.run(served_recv.clone(), eval_send.clone())
 
     async def run_runner() -> None:
         await runner.run(eval_recv.clone())
@@ -134,10 +153,17 @@ def wire(
     def child(name: str, run: Callable[[], Any], stop: Callable[[], None]) -> ChildSpec:
         return ChildSpec(name, run, Restart.TRANSIENT, SHUTDOWN_SECONDS, stop)
 
+    children = [
+        child(exporter.name, run_exporter, export_send.close),
+        child(pinner.name, run_pinner, pin_send.close),
+    ]
+    stages: tuple[Stage, ...] = (exporter, pinner, runner)
+    if shared:
+        children.append(child(shared_pinner.name, run_shared_pinner, served_send.close))
+        stages = (exporter, pinner, shared_pinner, runner)
     actors = ActorSupervisor(
         [
-            child(exporter.name, run_exporter, export_send.close),
-            child(pinner.name, run_pinner, pin_send.close),
+            *children,
             child(runner.name, run_runner, eval_send.close),
             child(retirer.name, run_retirer, retirer.inbox_send.close),
         ],
@@ -146,8 +172,7 @@ def wire(
         on_crash=on_crash,
         on_give_up=on_give_up,
     )
-    stages = (exporter, pinner, runner)
-    return Wiring(flight, tracker, buffers, admission, retirer, invoker, actors, stages)
+    return Wiring(flight, tracker, buffers, admission, retirer, invoker, actors, stages, gate)
 
 
 def check_collaborators(

@@ -26,6 +26,9 @@ class Source(enum.Enum):
     WEIGHTS = "weights"
     EXPORT = "export"
     CHECKPOINT = "checkpoint"
+    SERVED = "served"
+    """The weights a shared fleet serves now (``submit(step, served=...)``): no copy, no
+    export, no snapshot; the point carries its ``weight_version`` from admission."""
 
 
 class State(enum.Enum):

@@ -5,22 +5,29 @@ it. The evaluation starts as soon as the point arrives; its result stands only o
 verdict (``FleetLease.verdict``, settled by the pinner within the pin deadline) is clean: a
 mismatch discards the scores as ``pin_violation``. The runner then sends the fleet back over the
 fleet pool's channel and hands the point to the Retirer.
+
+A ``served`` point (a shared fleet, the trainer's own engines) has no snapshot: the eval fn
+gets ``checkpoint_dir=None`` (and ``input.base_checkpoint`` for the model's tokenizer and
+config). Before it settles every engine's version is read again: a version that changed
+during the evaluation (an update outside ``weight_update``) is ``pin_violation``, and the
+scores are discarded.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import trio
 
 from actorsys.actors.flight import Flight
-from actorsys.actors.pinner import give_back
-from actorsys.actors.point import Point, State, Ticket
+from actorsys.actors.pinner import FleetReturns, give_back
+from actorsys.actors.point import Point, Source, State, Ticket
 from actorsys.actors.retirer import Retirer
 from actorsys.actors.stage import Done, Result, Skip, Stage, within
 from actorsys.config import EvalConfig
 from actorsys.contracts import EvalSkip, RolloutFnEvalInput, RolloutFnEvalOutput
-from actorsys.fleet import Fleet, PinError
+from actorsys.fleet import PinError
 from actorsys.outcome import DURATION_SECONDS
 from actorsys.runtime import (
     AsyncioThread,
@@ -31,6 +38,8 @@ from actorsys.runtime import (
 )
 
 NAME = "runner"
+VERSION_READ_TIMEOUT = 30.0
+"""Seconds the versions of a shared fleet may take to read again before a point settles."""
 
 
 class EvalInvoker:
@@ -44,7 +53,7 @@ class EvalInvoker:
         self.limiter = trio.CapacityLimiter(64)
         self.threads = EvalThreads(tracker, self.limiter)
 
-    async def __call__(self, checkpoint_dir: str, input: RolloutFnEvalInput) -> Any:  # noqa: A002
+    async def __call__(self, checkpoint_dir: str | None, input: RolloutFnEvalInput) -> Any:  # noqa: A002
         evaluate = self.eval_fn.evaluate_checkpoint
         if self.runtime == "asyncio":
             return await self.asyncio_thread.run(evaluate(checkpoint_dir, input))
@@ -71,7 +80,7 @@ class EvalRunner(Stage):
         config: EvalConfig,
         flight: Flight,
         retirer: Retirer,
-        fleet_returns: trio.MemorySendChannel[Fleet | None],
+        fleet_returns: FleetReturns,
         invoke: EvalInvoker,
     ) -> None:
         super().__init__(flight, retirer)
@@ -102,6 +111,10 @@ class EvalRunner(Stage):
                 await verdict.wait()
             except PinError as exc:
                 return Skip(exc.reason, f"{exc} (the evaluation's result is discarded)")
+            if isinstance(result, Done) and point.source is Source.SERVED:
+                changed = await self._version_changed(point)
+                if changed is not None:
+                    return changed
             if verdict.unverified is not None and isinstance(result, Done):
                 output = result.point.output
                 assert output is not None
@@ -109,13 +122,29 @@ class EvalRunner(Stage):
                 return Done(result.point.but(output=noted))
         return result
 
+    async def _version_changed(self, point: Point) -> Skip | None:
+        """The skip of a served point whose shared fleet no longer serves its version."""
+        assert point.lease is not None and point.lease.fleet is not None
+        try:
+            with trio.fail_after(VERSION_READ_TIMEOUT):
+                await point.lease.fleet.check_still_serving()
+        except PinError as exc:
+            return Skip(exc.reason, f"{exc} (the evaluation's result is discarded)")
+        except trio.TooSlowError:
+            return Skip("unhealthy", f"the shared fleet's versions could not be read again "
+                        f"within {VERSION_READ_TIMEOUT} s (the evaluation's result is discarded)")
+        return None
+
     async def _run_eval(self, point: Point) -> Result:
-        assert point.snapshot is not None and point.lease is not None
+        assert point.lease is not None
+        assert point.snapshot is not None or point.source is Source.SERVED
+        base = self.config.base_checkpoint
         eval_input = RolloutFnEvalInput(
             rollout_id=point.step,
             weight_version=point.weight_version,
             hf_dir=point.snapshot,
             fleet=point.lease.fleet,
+            base_checkpoint=None if base is None else os.fspath(base),
         )
         try:
             result = await self.invoke(point.snapshot, eval_input)

@@ -4,7 +4,9 @@ protocol they follow: :mod:`actorsys.fleet.protocol`; the pin's steps:
 
 Pinning is the heart of trusting a score: a fleet is pinned to ``version`` only when every
 engine was healthy, loaded the checkpoint, *reads back* that version, and (with the probe)
-computes what the checkpoint computes. An engine that says "success" while keeping its old
+computes what the checkpoint computes. A shared fleet (``shared=True``: the trainer's own
+rollout engines) is never loaded: it is pinned to the version it serves, and its engines are
+judged by each other (:meth:`Fleet.pin_served`). An engine that says "success" while keeping its old
 weights is caught by the read-back; one that labels the new version while serving other
 weights, by the probe.
 """
@@ -30,6 +32,7 @@ from actorsys.fleet.on_all import (
 from actorsys.fleet.pin.pinning import pin_engines
 from actorsys.fleet.pin.probe import ReferenceSource, WeightProbe
 from actorsys.fleet.pin.reference import ReferenceWorker
+from actorsys.fleet.pin.served import check_still_serving, pin_served_engines
 from actorsys.fleet.pin.verdict import PinVerdict
 from actorsys.fleet.protocol import Engine
 
@@ -60,6 +63,7 @@ class Fleet:
         engines: Sequence[Engine],
         *,
         router_url: str | None = None,
+        shared: bool = False,
         eval_priority: int | None = None,
     ) -> None:
         engines = list(engines)
@@ -85,13 +89,24 @@ class Fleet:
                 f"expected None or an integer >= 0 (how far behind the trainer's requests an "
                 f"evaluation's requests queue), got {eval_priority!r}",
             )
+        if not isinstance(shared, bool):
+            raise ConfigError("Fleet(shared)", f"expected True or False, got {shared!r}")
+        self._shared = shared
         self._eval_priority = eval_priority
         self.version: str | None = None
         self._probe = WeightProbe()
         self._references = ReferenceWorker()
 
     def __repr__(self) -> str:
-        return f"Fleet({[e.name for e in self.engines]}, router_url={self.router_url!r})"
+        shared = ", shared=True" if self._shared else ""
+        return f"Fleet({[e.name for e in self.engines]}, router_url={self.router_url!r}{shared})"
+
+    @property
+    def shared(self) -> bool:
+        """Whether the trainer loads this fleet's weights itself (its rollout engines): such
+        a fleet evaluates ``submit(step, served=...)`` points only, and actorsys never loads,
+        pauses, resumes or relabels it (:meth:`pin_served`)."""
+        return self._shared
 
     async def aclose(self) -> None:
         """Stop the fleet's own reference worker (the process that computes the probe's
@@ -243,13 +258,13 @@ class Fleet:
         ``verdict = await nursery.start(fleet.pin_and_verify, path, version)``.
 
         Health-checks all engines, loads on all concurrently, then reads the version back from
-        every engine; a mismatch is re-loaded up to ``retries`` times. With ``probe``, every
-        engine then answers the weight probe (:mod:`actorsys.fleet.pin.probe`). Then the fleet is
+        every engine; a mismatch is re-loaded up to ``retries`` times. Then the fleet is
         pinned (``version`` set) and the start returns a :class:`PinVerdict`: an evaluation
-        may run on the fleet from here. The snapshot's reference, computed from ``path`` by
+        may run on the fleet from here. With ``probe``, every engine is asked the weight
+        probe (:mod:`actorsys.fleet.pin.probe`) just before, and its answers are judged in
+        ``nursery`` against the snapshot's reference, computed from ``path`` by
         ``references`` (default: the fleet's own reference worker, a process) since the loads
-        began, is judged against the answers in ``nursery``
-        once it is ready, which settles the verdict: clean, or
+        began, once both are ready, which settles the verdict: clean, or
         :class:`~actorsys.fleet.pin.probe.WeightsMismatchError` (the right version, other
         weights). Before the start returns it raises :class:`EngineUnhealthyError`,
         :class:`PinViolationError` (a version that never reads back) or
@@ -264,6 +279,44 @@ class Fleet:
             path, version, retries, probe, references, deadline, task_status
         )
 
+    async def pin_served(
+        self,
+        version: str,
+        *,
+        probe: bool = True,
+        prompts_from: str | None = None,
+        deadline: float = math.inf,
+        task_status: trio.TaskStatus[PinVerdict] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Pin this fleet to the ``version`` its engines serve, loading nothing: start it with
+        ``verdict = await nursery.start(fleet.pin_served, version)``.
+
+        Health-checks every engine, then reads the versions back until every engine serves
+        ``version`` (the trainer's update may be finishing) or ``deadline`` passes
+        (:class:`PinViolationError`). Then the fleet is pinned and the start returns a
+        :class:`PinVerdict`; with ``probe`` and two or more engines, the engines' answers to
+        the probe (prompts from ``prompts_from``'s config) are judged against each other in
+        ``nursery`` within ``deadline`` (:mod:`actorsys.fleet.pin.served`). The caller's
+        cancel scope bounds the start; never raises after it."""
+        self.version = None
+
+        def pinned() -> None:
+            self.version = version
+
+        await pin_served_engines(
+            self.engines, version, owner=repr(self), weight_probe=self._probe,
+            probe=probe, prompts_from=prompts_from, pinned=pinned, deadline=deadline,
+            task_status=task_status,
+        )
+
+    async def check_still_serving(self) -> None:
+        """Read every engine's version again and raise :class:`PinViolationError` where it is
+        no longer the pinned one (``version``): what a point on a shared fleet checks before
+        it settles. Blocks on one request per engine; the caller's cancel scope bounds it."""
+        if self.version is None:
+            raise ConfigError("Fleet.version", f"{self!r} is not pinned")
+        await check_still_serving(self.engines, self.version)
+
     async def _pin_and_verify(
         self,
         path: str,
@@ -275,6 +328,11 @@ class Fleet:
         task_status: trio.TaskStatus[PinVerdict] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         self.version = None
+        if self._shared:
+            raise ConfigError(
+                "Fleet(shared)", f"{self!r} is shared: the trainer loads its weights, so it is "
+                "never pinned to a checkpoint (submit served points; see Fleet.pin_served)"
+            )
 
         def pinned() -> None:
             self.version = version

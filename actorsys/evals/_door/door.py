@@ -33,12 +33,17 @@ from actorsys.fleet.clients.completions import served_model
 T = TypeVar("T")
 
 
+SERVED_MODEL_FALLBACK = "default"
+"""The model name sent where the fleet names none and there is no checkpoint to name it by (a
+served point without ``base_checkpoint``); the engines serve one model, and take any name."""
+
+
 class FleetDoor:
     """A door to ``fleet`` (its router, or its engines round-robin) for one evaluation of
     ``checkpoint_dir``; ``who`` names the eval fn in configuration errors. ``upstreams``: where
     the gate forwards to."""
 
-    def __init__(self, fleet: Any, checkpoint_dir: str, *, who: str) -> None:
+    def __init__(self, fleet: Any, checkpoint_dir: str | None, *, who: str) -> None:
         self.upstreams = fleet_upstreams(fleet, who)
         self._fleet = fleet
         self.checkpoint_dir = checkpoint_dir
@@ -62,7 +67,10 @@ class FleetDoor:
         async with trio.open_nursery() as nursery:
             self.gate.cancel_on_failure(nursery.cancel_scope)
             url = await nursery.start(self.gate.serve)
-            model = await served_model_name(self.upstreams[0], self._api_key) or self.checkpoint_dir
+            model = (
+                await served_model_name(self.upstreams[0], self._api_key)
+                or self.checkpoint_dir or SERVED_MODEL_FALLBACK
+            )
             try:
                 result = await work(url, model)
                 done = True

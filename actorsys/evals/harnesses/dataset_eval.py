@@ -17,7 +17,12 @@ from collections.abc import Sequence
 
 from actorsys._errors import ConfigTypeError
 from actorsys.config import require_seconds
-from actorsys.contracts import CheckpointEvalFn, RolloutFnEvalInput, RolloutFnEvalOutput
+from actorsys.contracts import (
+    CheckpointEvalFn,
+    RolloutFnEvalInput,
+    RolloutFnEvalOutput,
+    model_files,
+)
 from actorsys.evals.data.dataset import EvalDataset
 from actorsys.evals.harnesses.sampling import (
     ScorerWarmUp,
@@ -63,8 +68,12 @@ class DatasetEval(ScorerWarmUp, CheckpointEvalFn):
         return f"DatasetEval({[d.name for d in self.datasets]})"
 
     async def evaluate_checkpoint(
-        self, checkpoint_dir: str, input: RolloutFnEvalInput  # noqa: A002
+        self, checkpoint_dir: str | None, input: RolloutFnEvalInput  # noqa: A002
     ) -> RolloutFnEvalOutput:
+        """Sample and score every dataset due at the point on ``input.fleet``. Chat prompts
+        are rendered by the template of ``checkpoint_dir``, or, for a served point (no
+        checkpoint), of ``input.base_checkpoint``; without either a chat dataset skips
+        ``no_chat_template`` (never scored on a raw prompt)."""
         if input.fleet is None:
             raise ConfigTypeError(
                 "EvalSupervisor.open(fleet)",
@@ -77,6 +86,6 @@ class DatasetEval(ScorerWarmUp, CheckpointEvalFn):
             concurrency=self.concurrency,
             request_timeout=self.request_timeout,
             retries=self.retries,
-            checkpoint_dir=checkpoint_dir,
+            checkpoint_dir=model_files(checkpoint_dir, input),
             step=input.rollout_id,
         )

@@ -41,7 +41,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from actorsys._errors import ConfigError
-from actorsys.contracts import CheckpointEvalFn, EvalSkip, RolloutFnEvalInput, RolloutFnEvalOutput
+from actorsys.contracts import (
+    CheckpointEvalFn,
+    EvalSkip,
+    RolloutFnEvalInput,
+    RolloutFnEvalOutput,
+    model_files,
+)
 from actorsys.evals._door.door import FleetDoor
 from actorsys.evals.harnesses.openai_eval import CLIENT_KEY
 from actorsys.runtime import AsyncioThread
@@ -86,10 +92,10 @@ class InspectTasks(CheckpointEvalFn):
         self.eval_options = dict(eval_options or {})
 
     async def evaluate_checkpoint(
-        self, checkpoint_dir: str, input: RolloutFnEvalInput  # noqa: A002
+        self, checkpoint_dir: str | None, input: RolloutFnEvalInput  # noqa: A002
     ) -> RolloutFnEvalOutput:
         """Run the tasks on ``input.fleet`` through the door; see the class docstring."""
-        door = FleetDoor(input.fleet, checkpoint_dir, who="InspectTasks")
+        door = FleetDoor(input.fleet, model_files(checkpoint_dir, input), who="InspectTasks")
 
         async def work(url: str, model: str) -> Any:
             return await _INSPECT.run(self._eval(url, model, input.rollout_id))

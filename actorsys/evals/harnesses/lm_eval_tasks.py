@@ -28,7 +28,13 @@ import trio
 
 from actorsys._errors import ConfigError
 from actorsys._flags import require_int, require_seconds
-from actorsys.contracts import CheckpointEvalFn, EvalSkip, RolloutFnEvalInput, RolloutFnEvalOutput
+from actorsys.contracts import (
+    CheckpointEvalFn,
+    EvalSkip,
+    RolloutFnEvalInput,
+    RolloutFnEvalOutput,
+    model_files,
+)
 from actorsys.evals._door.door import FleetDoor
 from actorsys.fleet.clients.completions import StaleWeightsError
 from actorsys.runtime import ThreadTracker, run_blocking
@@ -103,17 +109,24 @@ class LmEvalTasks(CheckpointEvalFn):
         return {"threads": self._tracker.running()}
 
     async def evaluate_checkpoint(
-        self, checkpoint_dir: str, input: RolloutFnEvalInput  # noqa: A002
+        self, checkpoint_dir: str | None, input: RolloutFnEvalInput  # noqa: A002
     ) -> RolloutFnEvalOutput:
-        """Score the tasks on ``input.fleet`` (pinned to ``checkpoint_dir``). Blocks on lm-eval
+        """Score the tasks on ``input.fleet`` (pinned to ``checkpoint_dir``, or for a served
+        point to the weights it serves, with the tokenizer of ``input.base_checkpoint``). Blocks on lm-eval
         in a worker thread; raises :class:`~actorsys.EvalSkip` ``pin_violation`` if an engine
         answered with other weights, ``unhealthy`` if the fleet failed lm-eval's requests."""
-        door = FleetDoor(input.fleet, checkpoint_dir, who="LmEvalTasks")
+        files = model_files(checkpoint_dir, input)
+        if files is None:
+            raise ConfigError(
+                "EvalConfig.base_checkpoint", "LmEvalTasks reads the model's tokenizer, and a "
+                "served point has no checkpoint: set base_checkpoint to the model's HF dir",
+            )
+        door = FleetDoor(input.fleet, files, who="LmEvalTasks")
         max_length = await run_blocking(
-            lambda: _tokenizer_context(checkpoint_dir),
+            lambda: _tokenizer_context(files),
             abandon_on_cancel=True,
             limiter=self._limiter,
-            description=f"read the tokenizer and config of {checkpoint_dir}",
+            description=f"read the tokenizer and config of {files}",
             tracker=self._tracker,
         )
 
@@ -121,7 +134,7 @@ class LmEvalTasks(CheckpointEvalFn):
             model_args = {
                 "base_url": f"{url}/v1/completions",
                 "model": model,
-                "tokenizer": checkpoint_dir,
+                "tokenizer": files,
                 "tokenizer_backend": "huggingface",
                 "num_concurrent": self.num_concurrent,
                 "max_retries": self.max_retries,

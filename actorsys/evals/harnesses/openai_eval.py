@@ -26,7 +26,12 @@ import importlib.util
 from typing import Any, ClassVar
 
 from actorsys._errors import ConfigError
-from actorsys.contracts import CheckpointEvalFn, RolloutFnEvalInput, RolloutFnEvalOutput
+from actorsys.contracts import (
+    CheckpointEvalFn,
+    RolloutFnEvalInput,
+    RolloutFnEvalOutput,
+    model_files,
+)
 from actorsys.evals._door.door import FleetDoor
 from actorsys.runtime import AsyncioThread
 from actorsys.runtime.asyncio_thread import STOP_GRACE
@@ -73,11 +78,11 @@ class OpenAIEvalFn(CheckpointEvalFn):
         return {"loops": sum(loop.running for loop in self._loops())}
 
     async def evaluate_checkpoint(
-        self, checkpoint_dir: str, input: RolloutFnEvalInput  # noqa: A002
+        self, checkpoint_dir: str | None, input: RolloutFnEvalInput  # noqa: A002
     ) -> Any:
         if importlib.util.find_spec("openai") is None:
             raise ConfigError(type(self).__name__, "needs the OpenAI SDK: pip install 'actorsys[openai]'")
-        door = FleetDoor(input.fleet, checkpoint_dir, who=type(self).__name__)
+        door = FleetDoor(input.fleet, model_files(checkpoint_dir, input), who=type(self).__name__)
 
         async def work(url: str, model: str) -> Any:
             loop = AsyncioThread(name=f"actorsys-openai-step-{input.rollout_id}")

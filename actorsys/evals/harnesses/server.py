@@ -41,7 +41,13 @@ import trio
 
 from actorsys._http import Backoff
 from actorsys.config import require_seconds
-from actorsys.contracts import CheckpointEvalFn, EvalSkip, RolloutFnEvalInput, RolloutFnEvalOutput
+from actorsys.contracts import (
+    CheckpointEvalFn,
+    EvalSkip,
+    RolloutFnEvalInput,
+    RolloutFnEvalOutput,
+    model_files,
+)
 from actorsys.evals.data.dataset import EvalDataset
 from actorsys.evals.harnesses.sampling import (
     ScorerWarmUp,
@@ -185,8 +191,11 @@ class ServerEvalFn(ScorerWarmUp, CheckpointEvalFn):
                             request_timeout=self.request_timeout, load_timeout=self.pin_timeout)
 
     async def evaluate_checkpoint(
-        self, checkpoint_dir: str, input: RolloutFnEvalInput  # noqa: A002
+        self, checkpoint_dir: str | None, input: RolloutFnEvalInput  # noqa: A002
     ) -> RolloutFnEvalOutput:
+        """Pin the server to the point's checkpoint, or, for a served point (no
+        checkpoint: the server is one of the trainer's shared engines), to the version it
+        serves, loading nothing; then evaluate; see the module docstring."""
         version = input.weight_version or str(input.rollout_id)
         due, not_due = due_datasets(self.datasets, input.rollout_id)
         if not due:
@@ -195,7 +204,10 @@ class ServerEvalFn(ScorerWarmUp, CheckpointEvalFn):
         async with self._lock:
             fleet = await self._on_server(self.server.fleet)
             return await self._on_server(
-                lambda: self._evaluate(fleet, checkpoint_dir, version, input.rollout_id)
+                lambda: self._evaluate(
+                    fleet, checkpoint_dir, version, input.rollout_id,
+                    model_files(checkpoint_dir, input),
+                )
             )
 
     async def dispose(self) -> None:  # type: ignore[override]
@@ -204,10 +216,11 @@ class ServerEvalFn(ScorerWarmUp, CheckpointEvalFn):
         await self.server.stop()
 
     async def _evaluate(
-        self, fleet: Fleet, path: str, version: str, step: int
+        self, fleet: Fleet, path: str | None, version: str, step: int, files: str | None
     ) -> RolloutFnEvalOutput:
-        """Pin, sample and score while the probe is judged, read the version back; the
-        verdict, once known, overrules what the evaluation found."""
+        """Pin (to ``path``; None: to the version served), sample and score (chat prompts
+        rendered with ``files``' template) while the probe is judged, read the version back;
+        the verdict, once known, overrules what the evaluation found."""
         verdict: PinVerdict | None = None
         failure: Exception | None = None
         async with trio.open_nursery() as nursery:
@@ -219,7 +232,7 @@ class ServerEvalFn(ScorerWarmUp, CheckpointEvalFn):
                     concurrency=self.concurrency,
                     request_timeout=self.request_timeout,
                     retries=self.retries,
-                    checkpoint_dir=path,
+                    checkpoint_dir=files,
                     step=step,
                 )
                 served = await self._version_now(fleet.engines[0])
@@ -243,9 +256,10 @@ class ServerEvalFn(ScorerWarmUp, CheckpointEvalFn):
         return output
 
     async def _pin(
-        self, nursery: trio.Nursery, fleet: Fleet, path: str, version: str
+        self, nursery: trio.Nursery, fleet: Fleet, path: str | None, version: str
     ) -> PinVerdict:
-        """Pin ``fleet`` until it serves ``version``, within ``pin_timeout``; its verdict is
+        """Pin ``fleet`` until it serves ``version`` (loading ``path``; None: loading
+        nothing, the trainer updates the server), within ``pin_timeout``; its verdict is
         judged in ``nursery`` by the same deadline."""
         deadline = trio.current_time() + self.pin_timeout
         problem = "no answer"
@@ -253,12 +267,14 @@ class ServerEvalFn(ScorerWarmUp, CheckpointEvalFn):
         with trio.move_on_at(deadline):
             async for _ in backoff:
                 try:
-                    verdict: PinVerdict = await nursery.start(
-                        functools.partial(
-                            fleet.pin_and_verify, path, version, probe=self.probe,
-                            deadline=deadline,
-                        )
+                    pin = (
+                        functools.partial(fleet.pin_served, version, probe=self.probe,
+                                          deadline=deadline)
+                        if path is None else
+                        functools.partial(fleet.pin_and_verify, path, version,
+                                          probe=self.probe, deadline=deadline)
                     )
+                    verdict: PinVerdict = await nursery.start(pin)
                     return verdict
                 except CheckpointRejectedError as exc:
                     raise EvalSkip(exc.reason, str(exc)) from exc

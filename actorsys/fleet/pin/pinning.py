@@ -1,6 +1,6 @@
 """The pin of a fleet's engines to one version: health, load, the version read back (retried
-on a mismatch), the weight probe asked with the read-back, the router's health, and the
-verdict once the snapshot's reference is judged against the answers.
+on a mismatch), the router's health, then the weight probe, and the verdict once the
+snapshot's reference is judged against the answers.
 
 :meth:`~actorsys.fleet.fleet.Fleet.pin_and_verify` runs :func:`pin_engines`; the fleet keeps
 its state (``version``, the probe, the reference worker) and hands it in.
@@ -28,7 +28,7 @@ from actorsys.fleet.pin.probe import (
 from actorsys.fleet.pin.verdict import PinVerdict, ProbeCancelledError
 from actorsys.fleet.protocol import Engine
 
-__all__ = ["pin_engines"]
+__all__ = ["pin_engines", "read_back_wrong"]
 
 
 async def pin_engines(
@@ -48,14 +48,19 @@ async def pin_engines(
 ) -> None:
     """Pin ``engines`` to ``path`` labelled ``version``; call ``pinned`` and start with the
     :class:`PinVerdict` once every engine reads the version back (and the router, if any, is
-    healthy); settle the verdict from the probe's answers and ``references``' reference within
-    ``deadline``. ``owner`` names the fleet in a cut-off verdict. What it raises and when:
-    :meth:`~actorsys.fleet.fleet.Fleet.pin_and_verify`."""
+    healthy); then ask the probe and settle the verdict from its answers and ``references``'
+    reference within ``deadline``. ``owner`` names the fleet in a cut-off verdict. What it
+    raises and when: :meth:`~actorsys.fleet.fleet.Fleet.pin_and_verify`.
+
+    The probe is off the pin's critical path: the evaluation may start at the read-back. The
+    probe's requests are sent before the start returns control to the evaluation (so an
+    engine that queues requests answers them first), and the lease keeps the fleet's weights
+    where they are until the verdict, which the point awaits before it settles."""
     verdict = PinVerdict(version)
     probed = weight_probe.probed(engines) if probe else []
     prompts = await weight_probe.prompts(path) if probed else None
     reference: Reference | ReferenceFailedError | None = None
-    answers: list[Answer | None] | None = None
+    asked: list[list[Answer | None] | PinError | None] = [None]
     failure: PinError | None = None
     started = False
 
@@ -68,16 +73,15 @@ async def pin_engines(
             if prompts is not None:
                 nursery.start_soon(compute, prompts)
             try:
-                answers = await _load_and_read_back(
-                    engines, weight_probe, path, version, retries,
-                    probed if prompts is not None else [], prompts,
-                )
+                await _load_and_read_back(engines, path, version, retries)
                 if router_url is not None:
                     await _probe_router(router_url)
             except PinError as exc:
                 failure = exc
                 nursery.cancel_scope.cancel()
             else:
+                if prompts is not None:
+                    nursery.start_soon(_ask, weight_probe, probed, prompts, asked)
                 pinned()
                 started = True
                 task_status.started(verdict)
@@ -90,7 +94,10 @@ async def pin_engines(
         raise failure
     if nursery.cancel_scope.cancelled_caught:
         verdict.settle(_cut_off(owner, version))
-    if isinstance(reference, ReferenceFailedError):
+    answers = asked[0]
+    if isinstance(answers, PinError):
+        verdict.settle(answers)
+    elif isinstance(reference, ReferenceFailedError):
         verdict.settle(None, unverified=f"the snapshot's reference failed: {reference}")
     elif reference is not None and answers is not None:
         verdict.settle(judge(probed, answers, reference, version))
@@ -99,61 +106,39 @@ async def pin_engines(
 
 def _cut_off(owner: str, version: str) -> ProbeCancelledError:
     return ProbeCancelledError(
-        owner, f"the probe of version {version!r} was cut off before the snapshot's "
-        "reference was ready (the pin deadline, or the pin's owner stopped)"
+        owner, f"the probe of version {version!r} was cut off before its answers were "
+        "judged (the pin deadline, or the pin's owner stopped)"
     )
 
 
 async def _load_and_read_back(
-    engines: Sequence[Engine],
-    weight_probe: WeightProbe,
-    path: str,
-    version: str,
-    retries: int,
-    probed: Sequence[ProbedEngine] = (),
-    prompts: list[list[int]] | None = None,
-) -> list[Answer | None] | None:
-    """Health, load, version read-back (retried on a mismatch); the ``probed`` engines'
-    answers to ``prompts`` are asked at once with the read-back (both follow the load, so
-    both see the loaded weights) and returned where every version reads back (None
-    without ``prompts``). A version error wins over a probe error; a mismatch that is
-    retried discards the answers."""
+    engines: Sequence[Engine], path: str, version: str, retries: int
+) -> None:
+    """Health, load, version read-back; a mismatch is loaded again up to ``retries`` times,
+    then :class:`PinViolationError`."""
     await on_all(engines, lambda engine: engine.health(), "failed its health check")
     for attempt in range(retries + 1):
         await on_all(
             engines, lambda engine: engine.load_weights(path, version), "refused the load"
         )
-        asked: list[list[Answer | None] | PinError | None] = [None]
-        # An error raised in a nursery's body leaves it inside an ExceptionGroup: the
-        # read-back's PinError is kept and raised past the nursery, as itself.
-        unread: PinError | None = None
-        async with trio.open_nursery() as nursery:
-            if prompts is not None:
-                nursery.start_soon(_ask, weight_probe, probed, prompts, asked)
-            try:
-                served = await on_all(
-                    engines,
-                    lambda engine: engine.weight_version(),
-                    "could not report its weight version",
-                )
-            except PinError as exc:
-                unread = exc
-                nursery.cancel_scope.cancel()
-            else:
-                wrong = [(e, v) for e, v in zip(engines, served, strict=True) if v != version]
-                if wrong:
-                    nursery.cancel_scope.cancel()
-        if unread is not None:
-            raise unread
+        wrong = await read_back_wrong(engines, version)
         if not wrong:
-            answers = asked[0]
-            if isinstance(answers, PinError):
-                raise answers
-            return answers
+            return
         if attempt == retries:
             engine, actual = wrong[0]
             raise PinViolationError(engine.name, version, actual)
     raise AssertionError("unreachable")
+
+
+async def read_back_wrong(
+    engines: Sequence[Engine], version: str
+) -> list[tuple[Engine, str | None]]:
+    """Every engine's version read back; the (engine, version) of those that do not serve
+    ``version``. An engine that cannot say is :class:`EngineUnhealthyError`."""
+    served = await on_all(
+        engines, lambda engine: engine.weight_version(), "could not report its weight version"
+    )
+    return [(e, v) for e, v in zip(engines, served, strict=True) if v != version]
 
 
 async def _ask(

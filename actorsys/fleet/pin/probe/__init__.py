@@ -11,7 +11,7 @@ The probe is one prefill where the engine can answer it (:class:`PrefillEngine`:
 engine and vLLM, through completions with ``echo`` and ``logprobs``): the log-probabilities
 of ``PREFILL_SEQUENCES`` fixed sequences (:func:`prefill_sequences`: ``PROMPT_TOKENS``
 prompt token ids and ``PROBE_TOKENS`` fixed continuation tokens), one small forward pass and
-no decoding, asked in one request per engine at once with the version read-back. Each
+no decoding, asked in one request per engine once the version reads back. Each
 position may differ from the snapshot's by its margin (below); the answer is wrong where the
 median difference over all positions exceeds it, which numerics never reach and other weights
 always do. Engines that cannot answer a prefill answer ``PROBE_TOKENS`` greedy tokens after
@@ -34,10 +34,16 @@ snapshot's safetensors files and computes on the mapped pages. It runs one refer
 time, started with the engines' loads so that it overlaps them, and it is off the pin's
 critical path: the probe's prompts need only the snapshot's ``config.json``, so the engines
 answer them as soon as they read the version back, and the answers are judged against the
-reference when it is ready (see :meth:`actorsys.Fleet.pin_and_verify`). A reference that
+reference when it is ready (see :meth:`actorsys.Fleet.pin_and_verify`). The evaluation does
+not wait for either: it starts at the read-back, and its point settles only after the
+verdict. A reference that
 fails (the worker crashed or ran out of memory) leaves that pin checked by version only, says
 so on its verdict (``PinVerdict.unverified``, and so on the point's data), and the next pin
 asks again: a failure never turns the probe off.
+
+A shared fleet (the trainer's own engines, :meth:`actorsys.Fleet.pin_served`) has no
+snapshot to compute a reference from: its engines are judged by each other
+(:mod:`actorsys.fleet.pin.probe.agreement`).
 
 An engine that cannot answer a probe (no ``greedy_tokens``, as an in-process ``Engine`` that
 implements just the protocol; or a server without the endpoint), or a snapshot without a
