@@ -17,8 +17,10 @@ import trio
 
 from actorsys import ConfigError, EvalConfig, EvalSupervisor, MemorySink, Outcome
 from actorsys.evals import InspectTasks
+from actorsys.fleet import SGLangEngine
 from tests.chat_models import greedy_chat
 from tests.evals.chat_engine import ChatEngine, chat_engine
+from tests.fleet.pipeline import evaluate_served
 
 # One engine process for the module: its tests share one worker.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.xdist_group("evals/test_inspect_tasks")]
@@ -110,6 +112,25 @@ async def run(served: ChatEngine, tmp_path: Path, fn: InspectTasks) -> Outcome:
     finally:
         CONNECTIONS.recording = False
     return sink.by_step()[1]
+
+
+async def test_a_task_on_a_served_point_is_scored_on_the_weights_the_trainer_loaded(
+    served: ChatEngine, tmp_path: Path
+) -> None:
+    answer = await trio.to_thread.run_sync(
+        greedy_chat, served.snapshots[1], [{"role": "user", "content": QUESTIONS[0]}], MAX_TOKENS
+    )
+    fn = InspectTasks(arithmetic([answer, "never this"]), generate_config={"max_tokens": MAX_TOKENS,
+                                                                        "temperature": 0},
+                      log_dir=tmp_path / "logs")
+    config = EvalConfig(base_checkpoint=served.base, pin_timeout=60.0, eval_timeout=120.0,
+                        close_timeout=10.0)
+    engine = SGLangEngine(served.url, api_key=served.key)
+    outcome = await evaluate_served([engine], served.snapshots[1], 1, fn, config)
+    assert outcome.status == "ok", (outcome.reason, outcome.data)
+    assert outcome.metrics["eval/arith/exact/mean"] == 0.5
+    record = outcome.data["inspect"]["arith"]
+    assert [s["output"] for s in record["samples"]][0] == answer
 
 
 async def test_a_generate_and_score_task_yields_its_metrics_on_the_pinned_snapshot(

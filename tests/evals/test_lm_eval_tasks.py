@@ -32,6 +32,7 @@ from actorsys import (
 from actorsys.evals import LmEvalTasks
 from actorsys.evals._door.gate import VERSION_HEADER, RequestGate
 from actorsys.fleet.local import LocalFleet, embedded, free_port
+from tests.fleet.pipeline import evaluate_served
 from tests.models import greedy, make_model, make_snapshot
 
 # Models made once for the module: its tests share one worker.
@@ -171,6 +172,21 @@ async def test_scores_on_the_fleet_equal_lm_evals_own_hf_model_to_the_last_sampl
     assert second["eval/tiny_gen/exact_match"] < 1.0
     assert first["eval/tiny_mc/acc"] != second["eval/tiny_mc/acc"]
     assert "eval/tiny_gen/exact_match/first-word" in first
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+async def test_a_served_point_is_scored_as_lm_evals_own_hf_model_scores_the_weights_loaded(
+    setup: LmEvalSetup, tmp_path: Path
+) -> None:
+    fn = LmEvalTasks(TASKS, include_path=setup.tasks, num_concurrent=4, log_samples=True)
+    settings = config(tmp_path, setup.base)
+    async with LocalFleet.open([embedded(str(setup.base))]) as local:
+        outcome = await evaluate_served(local.fleet.engines, setup.snapshots[1], 1, fn, settings)
+    assert outcome.status == "ok", (outcome.reason, outcome.data)
+    direct = await trio.to_thread.run_sync(direct_hf, fn, setup.snapshots[1])
+    assert_same_samples(outcome.data["samples"], direct["samples"])
+    assert outcome.metrics["eval/tiny_gen/exact_match"] == 1.0
 
 
 class HangingRouter(httpx.AsyncBaseTransport):

@@ -23,9 +23,10 @@ from actorsys import (
     RolloutFnEvalOutput,
 )
 from actorsys.evals import OpenAIEvalFn
-from actorsys.fleet import StaleWeightsError
+from actorsys.fleet import SGLangEngine, StaleWeightsError
 from tests.chat_models import greedy_chat
 from tests.evals.chat_engine import ChatEngine, chat_engine
+from tests.fleet.pipeline import evaluate_served
 
 # One engine process for the module: its tests share one worker.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.xdist_group("evals/test_openai_eval")]
@@ -157,6 +158,18 @@ async def test_two_turns_through_the_door_equal_transformers_on_the_pinned_snaps
         direct = await client.post(f"{served.url}/v1/chat/completions", json={"messages": TURN_1},
                                    headers={"Authorization": "Bearer actorsys-door"})
     assert direct.status_code == 401, "the client's own key must not open the engine"
+
+
+async def test_two_turns_on_a_served_point_equal_transformers_on_the_weights_the_trainer_loaded(
+    served: ChatEngine, tmp_path: Path
+) -> None:
+    engine = SGLangEngine(served.url, api_key=served.key)
+    outcome = await evaluate_served(
+        [engine], served.snapshots[2], 2, TwoTurns(), settings(tmp_path, served.base)
+    )
+    assert outcome.status == "ok", (outcome.reason, outcome.data)
+    expected = await trio.to_thread.run_sync(greedy_turns, served.snapshots[2])
+    assert outcome.data["answers"] == expected
 
 
 async def test_a_client_that_never_returns_is_cut_at_eval_timeout_and_its_door_is_closed(

@@ -90,3 +90,24 @@ def assert_pinned(outcome: Outcome, engines: int, *, answers_carry_version: bool
     assert data["texts"] == data["expected"]
     assert data["versions"] == [str(outcome.step)] * engines
     assert data["reported"] == [str(outcome.step) if answers_carry_version else None]
+
+
+async def evaluate_served(
+    engines: list[Any], snapshot: Path, step: int, eval_fn: Any, config: EvalConfig
+) -> Outcome:
+    """A served point: the test's trainer loads ``snapshot`` onto the shared ``engines``
+    itself, labelled ``str(step)`` (a disk-syncing trainer's update, inside
+    ``weight_update``), then submits ``step`` served; the point's outcome."""
+    sink = MemorySink()
+    async with EvalSupervisor.open(
+        config, eval_fn=eval_fn, fleet=Fleet(engines, shared=True), sink=sink
+    ) as sup:
+        async with sup.weight_update():
+            for engine in engines:
+                await engine.load_weights(str(snapshot), str(step))
+        await sup.submit(step, served=True)
+        report = await sup.drain(timeout=240)
+        assert report.pending == []
+    outcome = sink.by_step()[step]
+    assert outcome.snapshot is None
+    return outcome
