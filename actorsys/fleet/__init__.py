@@ -33,6 +33,7 @@ from actorsys.fleet.fleet import (
 )
 from actorsys.fleet.on_all import EngineUnauthorizedError
 from actorsys.fleet.pin.probe import WeightsMismatchError
+from actorsys.fleet.pin.probe.agreement import EnginesDisagreeError
 from actorsys.fleet.pin.verdict import PinVerdict, ProbeCancelledError
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "Engine",
     "EngineUnauthorizedError",
     "EngineUnhealthyError",
+    "EnginesDisagreeError",
     "Fleet",
     "FleetFlags",
     "PinError",

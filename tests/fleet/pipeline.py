@@ -47,6 +47,17 @@ class GreedyEval(CheckpointEvalFn):
         )
 
 
+class ServedGreedy(CheckpointEvalFn):
+    """Completes PROMPTS, greedy, on the pinned shared fleet."""
+
+    async def evaluate_checkpoint(
+        self, checkpoint_dir: str | None, input: RolloutFnEvalInput  # type: ignore[override]
+    ) -> RolloutFnEvalOutput:
+        assert checkpoint_dir is None and input.fleet is not None
+        answers = await input.fleet.complete(PROMPTS, max_tokens=MAX_TOKENS, concurrency=4)
+        return RolloutFnEvalOutput(data={"texts": [a.text for a in answers]})
+
+
 @asynccontextmanager
 async def pipeline(
     tiny: TinyModels, tmp_path: Path, fleet: Fleet, **config: Any

@@ -15,12 +15,9 @@ import pytest
 import trio
 
 from actorsys import (
-    CheckpointEvalFn,
     EvalConfig,
     EvalSupervisor,
     MemorySink,
-    RolloutFnEvalInput,
-    RolloutFnEvalOutput,
 )
 from actorsys.evals import DatasetEval, EvalDataset, ServerEvalFn
 from actorsys.fleet import Fleet, SGLangEngine
@@ -28,12 +25,10 @@ from actorsys.fleet.local import new_api_key
 from bridge import EvalBridge
 from tests.engine_process import engine_processes
 from tests.fleet.conftest import TinyModels
+from tests.fleet.pipeline import MAX_TOKENS, ServedGreedy
 from tests.models import PROMPTS, greedy, make_snapshot
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("fleet/test_shared_fleet")]
-
-MAX_TOKENS = 8
-
 
 class Engines:
     def __init__(self, urls: list[str], key: str) -> None:
@@ -50,17 +45,6 @@ def engines(tiny: TinyModels) -> Iterator[Engines]:
     key = new_api_key()
     with engine_processes([["--model", str(tiny.base)]] * 3, key=key) as urls:
         yield Engines(urls, key)
-
-
-class ServedGreedy(CheckpointEvalFn):
-    """Completes PROMPTS, greedy, on the pinned shared fleet."""
-
-    async def evaluate_checkpoint(
-        self, checkpoint_dir: str | None, input: RolloutFnEvalInput  # type: ignore[override]
-    ) -> RolloutFnEvalOutput:
-        assert checkpoint_dir is None and input.fleet is not None
-        answers = await input.fleet.complete(PROMPTS, max_tokens=MAX_TOKENS, concurrency=4)
-        return RolloutFnEvalOutput(data={"texts": [a.text for a in answers]})
 
 
 class Rollouts:

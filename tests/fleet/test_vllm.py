@@ -12,12 +12,20 @@ from pathlib import Path
 import pytest
 import trio
 
+from actorsys import EvalConfig
 from actorsys.fleet.clients.vllm import RELOAD
 from actorsys.fleet.pin.probe import WeightsMismatchError
 from tests.fleet.conftest import VLLM_TIER, TinyModels, corrupt_copy
-from tests.fleet.pipeline import MAX_TOKENS, assert_pinned, evaluate, pipeline
+from tests.fleet.pipeline import (
+    MAX_TOKENS,
+    ServedGreedy,
+    assert_pinned,
+    evaluate,
+    evaluate_served,
+    pipeline,
+)
 from tests.fleet.vllm_server import SharedVLLM
-from tests.models import PROMPTS, make_snapshot
+from tests.models import PROMPTS, greedy, make_snapshot
 
 pytestmark = VLLM_TIER
 
@@ -103,3 +111,17 @@ async def test_moe_model_on_vllm_pins_exactly_both_ways_and_as_a_module(
     finally:
         await fleet.aclose()
     assert sink.by_step()[1].data["texts"] != sink.by_step()[2].data["texts"]
+
+
+@pytest.mark.timeout(600)
+async def test_a_served_point_on_a_shared_vllm_scores_exactly_the_weights_the_trainer_loaded(
+    tiny: TinyModels, tiny_vllm: SharedVLLM, tmp_path: Path
+) -> None:
+    engine = tiny_vllm.fleet().engines[0]
+    config = EvalConfig(base_checkpoint=tiny.base, pin_timeout=120.0, eval_timeout=120.0)
+    for step, snapshot in ((21, tiny.step2), (22, tiny.step1)):
+        outcome = await evaluate_served([engine], snapshot, step, ServedGreedy(), config)
+        assert outcome.status == "ok", (outcome.reason, outcome.data)
+        assert outcome.weight_version == str(step)
+        expected = await trio.to_thread.run_sync(greedy, snapshot, PROMPTS, MAX_TOKENS)
+        assert outcome.data["texts"] == expected
