@@ -32,16 +32,16 @@ from actorsys._core.admission import Reservation
 from actorsys._core.collective.admission import decide
 from actorsys._core.collective.contribution import Contribution
 from actorsys._core.collective.protocol import Collective
+from actorsys._core.decisions import Decisions
 from actorsys._core.staging_claim import StagingClaim, open_staging
 from actorsys._core.submit import SubmitArguments, SubmitRequest
 from actorsys._core.supervisor_start import join_collective, release_claim, run_actors, warm_up
 from actorsys._core.wiring import Wiring, check_collaborators, wire
 from actorsys._errors import ConfigError, SupervisorClosedError
-from actorsys.actors.point import State
 from actorsys.config import EvalConfig, require_seconds
 from actorsys.contracts import EvalFn
 from actorsys.fleet import Fleet
-from actorsys.outcome import BestPoint, CloseReport, DrainReport, SupervisorStatistics
+from actorsys.outcome import CloseReport, DrainReport, SupervisorStatistics
 from actorsys.runtime import ThreadTracker, run_blocking
 from actorsys.sinks import Sink
 from actorsys.snapshot import (
@@ -66,7 +66,7 @@ _NOT_EVALUATING_RANK = (
 )
 
 
-class EvalSupervisor:
+class EvalSupervisor(Decisions):
     """Owns the actors and the admission of points. Build it with ``open``."""
 
     def __init__(
@@ -360,37 +360,3 @@ class EvalSupervisor:
     def statistics(self) -> SupervisorStatistics:
         """Points in flight, settled, skipped by reason, actor restarts."""
         return NOT_STARTED if self._wiring is None else self._wiring.statistics()
-
-    # -- deciding from the number (actorsys.actors.best) ---------------------------------------
-
-    def best(self) -> list[BestPoint]:
-        """The best ok points by ``config.best_metric``, best first (at most ``keep_best``,
-        or the one best with ``keep_best=0``); empty without ``best_metric``. Never blocks."""
-        return [] if self._wiring is None else list(self._wiring.retirer.best.points)
-
-    def protected_steps(self) -> frozenset[int]:
-        """The steps whose checkpoints a trainer's own rotation must not delete yet: those
-        submitted in reuse mode or as ``checkpoint_dir`` that have not settled, and those kept
-        as best (``keep_best``). Never blocks."""
-        if self._wiring is None:
-            return frozenset()
-        borrowed = {
-            t.step for t in self._wiring.flight if t.state is not State.SETTLED and t.point.borrowed
-        }
-        return frozenset(borrowed) | self._wiring.retirer.best.protected
-
-    @property
-    def should_stop(self) -> bool:
-        """True once ``config.stop_when`` or ``config.patience`` holds; stays True. Why:
-        :attr:`stop_reason`."""
-        return self.stop_reason is not None
-
-    @property
-    def stop_reason(self) -> str | None:
-        """Why :attr:`should_stop` turned True (the step and the metric), or None."""
-        return None if self._wiring is None else self._wiring.retirer.best.stop_reason
-
-    def due(self, step: int) -> bool:
-        """Whether ``step`` is an evaluation step by ``config.eval_interval`` and
-        ``config.skip_eval_before_train`` (:meth:`actorsys.EvalConfig.due`)."""
-        return self.config.due(step)
