@@ -93,6 +93,7 @@ class ModelHost:
         self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 2048))
         self.vocab_size = int(self.model.config.vocab_size)
         self.eos_ids = _eos_ids(self.model)
+        self.generation_max_tokens = _generation_max_tokens(self.model)
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else (min(self.eos_ids) if self.eos_ids else 0))
         parameters = inspect.signature(self.model.forward).parameters
@@ -287,6 +288,13 @@ def _choose(
         keep = sorted_probs.cumsum(-1) - sorted_probs < request.top_p
         probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_probs[keep])
     return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+def _generation_max_tokens(model: Any) -> int | None:
+    """The ``max_new_tokens`` of the model's ``generation_config.json``, if it names one (a
+    default for requests that ask for no length, as vLLM takes it)."""
+    value = getattr(getattr(model, "generation_config", None), "max_new_tokens", None)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _eos_ids(model: Any) -> set[int]:
