@@ -26,6 +26,7 @@ HUGE_BYTES = 64 * 1024 * 1024
 
 class BadRewardServer:
     """``/trickle``: a 200 whose body comes a byte every 20 ms for :data:`TRICKLE_SECONDS`;
+    ``/stall``: three bytes 0.55 s apart, then nothing for as long;
     ``/huge``: a body that declares 900 MB; ``/huge-chunked``: a chunked body of no declared
     length, :data:`HUGE_BYTES` of digits; ``/ok``: ``{"reward": 0.5}``."""
 
@@ -57,6 +58,14 @@ class BadRewardServer:
                     while time.monotonic() < end and not stop.wait(0.02):
                         self.wfile.write(b"1")
                         self.wfile.flush()
+                elif self.path == "/stall":
+                    self.send_header("Content-Length", "1000000")
+                    self.end_headers()
+                    for _ in range(3):  # a byte just before the deadline, then silence
+                        stop.wait(0.55)
+                        self.wfile.write(b"1")
+                        self.wfile.flush()
+                    stop.wait(TRICKLE_SECONDS)
                 elif self.path == "/huge":
                     self.send_header("Content-Length", str(900 * 1024 * 1024))
                     self.end_headers()
@@ -105,13 +114,17 @@ def reward(url: str, timeout: float) -> float:
 
 
 @pytest.mark.timeout(60)
-def test_a_trickling_reply_is_cut_at_the_calls_deadline(bad_server: BadRewardServer) -> None:
+@pytest.mark.parametrize("route", ["trickle", "stall"])
+def test_a_trickling_reply_is_cut_at_the_calls_deadline(
+    bad_server: BadRewardServer, route: str
+) -> None:
     start = time.monotonic()
     with pytest.raises(RemoteRewardError, match="no whole answer within 1.8 s"):
-        reward(f"{bad_server.url}/trickle", timeout=2.0)
+        reward(f"{bad_server.url}/{route}", timeout=2.0)
     elapsed = time.monotonic() - start
-    # each byte comes within any per-read timeout; only a deadline on the whole call ends it
-    assert 2.0 * REPLY_SHARE - 0.1 <= elapsed < 2.0 * REPLY_SHARE + 1.0
+    # each byte comes within any per-read timeout, which restarts with it: only a deadline
+    # on the whole call ends it (and, for the stall, wakes the read blocked past it)
+    assert 2.0 * REPLY_SHARE - 0.1 <= elapsed < 2.0 * REPLY_SHARE + 0.4
     assert reward(f"{bad_server.url}/ok", timeout=2.0) == 0.5
 
 
