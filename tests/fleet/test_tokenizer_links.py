@@ -1,12 +1,16 @@
 """A snapshot's tokenizer files must lie in it: a ``chat_template.jinja`` (or any tokenizer
 file) that is a link leading outside the snapshot is refused, naming the file, where a
-snapshot's tokenizer is read: the CPU engine refuses to load the snapshot, and the trainer's
-evaluation skips the point, its secret text read nowhere. Links inside the snapshot stay fine.
-Real snapshot directories with real symlinks, and the real CPU engine process."""
+snapshot's tokenizer is read: the CPU engine refuses to load the snapshot (or to start on
+it), and the trainer's evaluation skips the point, its secret text read nowhere. Links inside
+the snapshot stay fine. Real snapshot directories with real symlinks, and the real CPU engine
+process."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -119,3 +123,19 @@ def test_the_cpu_engine_refuses_to_load_a_snapshot_whose_tokenizer_links_outside
                              json={"model_path": str(inside), "weight_version": "in"})
         assert loaded.status_code == 200, loaded.text
         assert client.get(f"{url}/get_weight_version").json()["weight_version"] == "in"
+
+
+@pytest.mark.timeout(300)
+def test_the_cpu_engine_refuses_to_start_on_a_model_whose_template_links_outside(
+    chat_model: Path, tmp_path: Path
+) -> None:
+    path = linked(chat_model, tmp_path, "chat_template.jinja", inside=False)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env.pop("ACTORSYS_API_KEY", None)
+    started = subprocess.run(
+        [sys.executable, "-m", "actorsys", "engine", "--model", str(path), "--port", "0"],
+        env=env, capture_output=True, timeout=240, check=False)
+    stderr = started.stderr.decode()
+    assert started.returncode == 1, stderr[-2000:]
+    assert "'chat_template.jinja' is a link leading outside the snapshot" in stderr
+    assert "Traceback" not in stderr and "hunter2" not in stderr

@@ -16,9 +16,10 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
-from transformers import AutoTokenizer, DynamicCache
+from transformers import DynamicCache
 
 from actorsys._errors import ConfigError
+from actorsys.fleet.chat_template import load_tokenizer
 from actorsys.fleet.checkpoint import (
     CheckpointMismatchError,
     check_checkpoint,
@@ -81,7 +82,9 @@ class ModelHost:
             # Never a name on a model hub: transformers would go and ask one for it.
             raise ConfigError("ModelHost(model_dir)", f"no model directory at {self.model_dir} "
                               "(a model is read from a local directory, never downloaded)")
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir, local_files_only=True)
+        # Its tokenizer files must lie in it, as a loaded snapshot's (``watch`` starts its
+        # engines on the first checkpoint it finds): a CheckpointMismatchError names the link.
+        self.tokenizer = load_tokenizer(self.model_dir)
         self.model = _load_model(self.model_dir)
         self.config = read_config(self.model_dir)
         self.tensors = read_tensor_infos(self.model_dir)
