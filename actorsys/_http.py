@@ -3,10 +3,11 @@ a context built once: :func:`ssl_context`), how the key is sent (a bearer token)
 key is wrong or missing: :class:`~actorsys.EngineUnauthorizedError`, never retried), and the
 one backoff between attempts.
 
-Every client of an engine, a router, a reward server or the fleet's door is built by
-:func:`client`; every retry loop waits through :class:`Backoff`. Nothing here blocks but the
-awaits; they run under trio or asyncio (through anyio) and the caller's cancel scope bounds
-them.
+Every client of an engine, a router or the fleet's door is built by :func:`client`; the one
+client that runs where there is no event loop (the reward server's, in a scoring worker
+process) by :func:`sync_client`. Every retry loop waits through :class:`Backoff`. Nothing here
+blocks but the awaits; they run under trio or asyncio (through anyio) and the caller's cancel
+scope bounds them.
 """
 
 from __future__ import annotations
@@ -58,6 +59,20 @@ def client(
         transport=transport,
         verify=ssl_context(),
         limits=limits or httpx.Limits(),
+    )
+
+
+def sync_client(
+    *,
+    api_key: str | None = None,
+    timeout: float | httpx.Timeout | None = 30.0,
+    transport: httpx.BaseTransport | None = None,
+) -> httpx.Client:
+    """An ``httpx.Client`` built as :func:`client` builds the async one, for code that runs
+    with no event loop (a scoring worker process). Its calls block the calling thread, bounded
+    by ``timeout`` per operation. The caller closes it (``with``)."""
+    return httpx.Client(
+        headers=auth_headers(api_key), timeout=timeout, transport=transport, verify=ssl_context()
     )
 
 

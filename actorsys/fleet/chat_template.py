@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from actorsys._errors import ChatTemplateMissingError
+from actorsys.fleet.checkpoint import check_tokenizer_files
 
 Messages = Sequence[Mapping[str, Any]]
 """A conversation: OpenAI-style message dicts (``role``, ``content``, and what the template
@@ -43,9 +44,12 @@ class RenderedPrompt:
 
 def load_tokenizer(model_dir: str) -> Any:
     """The tokenizer saved with the snapshot at ``model_dir``, from its files only (never a
-    hub). Blocking. Raises ``OSError``/``ValueError`` where none loads."""
+    hub), none of them a link leading outside it. Blocking. Raises ``OSError``/``ValueError``
+    where none loads (:class:`~actorsys.CheckpointMismatchError`, a ``ValueError``, naming a
+    file that links outside: :func:`~actorsys.fleet.checkpoint.check_tokenizer_files`)."""
     from transformers import AutoTokenizer
 
+    check_tokenizer_files(model_dir)
     return AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
 
 

@@ -11,6 +11,14 @@ Only headers are read (a few KB per shard), never the tensor data, and only from
 files: a FIFO, device or socket in a checkpoint (reached directly or through a link) is refused
 at once, before anything is opened, since opening a FIFO blocks until someone writes to it and
 reading a device never ends. A link to a regular file is fine.
+
+The files a tokenizer is read from (every file of a snapshot but its weight shards and the
+model's configs, and those of ``additional_chat_templates/``) must lie in the snapshot: one
+that is a link leading outside it is refused (:func:`check_tokenizer_files`), since its text
+would be read as the snapshot's own (a ``chat_template.jinja`` that links to
+``~/.ssh/id_rsa`` lands in every rendered prompt, the samples and ``metrics.jsonl``). A link
+inside the snapshot is fine, and so are weights and configs linked to a shared store: they
+are read as tensors and as numbers, their headers and keys checked.
 """
 
 from __future__ import annotations
@@ -70,6 +78,51 @@ def special_file(path: str) -> str | None:
             if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
                 return f"{entry.name!r} ({_kind(mode)})"
     return None
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+"""The files of a snapshot that are its weights, never read as text."""
+MODEL_CONFIGS = frozenset({CONFIG, "generation_config.json"})
+"""The model's configs: read as numbers and names, never as a tokenizer's text."""
+CHAT_TEMPLATES_DIR = "additional_chat_templates"
+"""Where transformers reads a tokenizer's named chat templates from (``NAME.jinja``)."""
+
+
+def link_outside(path: str) -> str | None:
+    """The first tokenizer file of snapshot ``path`` (every entry directly in it but the
+    weight shards and the model's configs, and the entries of ``additional_chat_templates/``)
+    that is a link leading outside ``path``, as ``"'name'"``; None if there is none. A
+    dangling link that points outside counts. Stats only; blocking."""
+    root = os.path.realpath(path)
+    for directory in (path, os.path.join(path, CHAT_TEMPLATES_DIR)):
+        try:
+            with os.scandir(directory) as listing:
+                entries = sorted(listing, key=lambda e: e.name)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for entry in entries:
+            if entry.name.endswith(WEIGHT_SUFFIXES) or (
+                directory == path and entry.name in MODEL_CONFIGS
+            ):
+                continue
+            target = os.path.realpath(entry.path)
+            if target != root and not target.startswith(root + os.sep):
+                return repr(os.path.relpath(entry.path, path))
+    return None
+
+
+def check_tokenizer_files(path: str) -> None:
+    """Refuse snapshot ``path`` if a file its tokenizer is read from is a link leading
+    outside it (:func:`link_outside`): :class:`CheckpointMismatchError` naming the
+    file. Blocking (stats only)."""
+    try:
+        outside = link_outside(path)
+    except OSError as exc:
+        raise CheckpointMismatchError(path, f"cannot be listed: {exc}") from exc
+    if outside is not None:
+        raise CheckpointMismatchError(
+            path, f"{outside} is a link leading outside the snapshot; its tokenizer files must "
+                  "lie in it (a link inside it is fine)")
 
 
 def _kind(mode: int) -> str:
@@ -226,8 +279,9 @@ def check_checkpoint(
 
     ``served_config`` / ``served_tensors`` describe the model the engine serves; each check is
     skipped when its reference is None. Raises :class:`CheckpointMismatchError` naming the
-    first problem found (a FIFO, device or socket in ``path`` is one, found before anything
-    is opened). Blocking (reads headers); a few milliseconds per shard, never a wait.
+    first problem found (a FIFO, device or socket in ``path`` is one, and a tokenizer file
+    that links outside it, both found before anything is opened). Blocking (reads headers);
+    a few milliseconds per shard, never a wait.
     """
     if not os.path.isdir(path):
         raise CheckpointMismatchError(path, "is not a directory")
@@ -238,6 +292,7 @@ def check_checkpoint(
     if special is not None:
         raise CheckpointMismatchError(
             path, f"holds {special}; a checkpoint holds only regular files and directories")
+    check_tokenizer_files(path)
     if require_complete and not os.path.isfile(os.path.join(path, COMPLETE)):
         raise CheckpointMismatchError(path, f"has no {COMPLETE} marker (still being written?)")
     if served_config is not None:

@@ -17,7 +17,12 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from actorsys.fleet.vllm_worker import API_KEY_MIDDLEWARE, EXTENSION_CLASS, WORKER_DIR
+from actorsys.fleet.vllm_worker import (
+    API_KEY_MIDDLEWARE,
+    EXTENSION_CLASS,
+    WEIGHT_VERSION_MIDDLEWARE,
+    WORKER_DIR,
+)
 
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 VLLM_INHERITED_MODULE = "actorsys_vllm_serve"
@@ -39,7 +44,9 @@ def vllm_launch(
 ) -> VLLMLaunch:
     """``argv`` (a vLLM OpenAI server's command) completed as actorsys runs it.
 
-    The key middleware is always added; with ``tied_reload`` the worker extension too, unless
+    The key middleware and the weight-version middleware (which refuses a request of the
+    request gate's that names another version than the one served) are always added; with
+    ``tied_reload`` the worker extension too, unless
     ``argv`` names a ``--worker-extension-cls`` of its own. Their directory goes first on the
     ``PYTHONPATH`` taken from ``environ`` (default: this process's environment). The server
     refuses to start without ``VLLM_API_KEY`` in its environment. Pure: reads no file.
@@ -47,7 +54,9 @@ def vllm_launch(
     command = list(argv)
     if tied_reload and EXTENSION_FLAG not in command:
         command += [EXTENSION_FLAG, EXTENSION_CLASS]
-    command += [MIDDLEWARE_FLAG, API_KEY_MIDDLEWARE]
+    # vLLM wraps its app in each --middleware in turn, the last outermost: the key is
+    # checked first, so only a client with it learns the served version from a refusal.
+    command += [MIDDLEWARE_FLAG, WEIGHT_VERSION_MIDDLEWARE, MIDDLEWARE_FLAG, API_KEY_MIDDLEWARE]
     inherited = (os.environ if environ is None else environ).get("PYTHONPATH")
     env = {
         "VLLM_SERVER_DEV_MODE": "1",

@@ -18,7 +18,7 @@ def test_a_missing_model_directory_is_a_config_error_naming_it(
     def looked_up(*args: Any, **kwargs: Any) -> None:
         raise AssertionError(f"transformers was asked for {args!r}")
 
-    monkeypatch.setattr(model.AutoTokenizer, "from_pretrained", looked_up)
+    monkeypatch.setattr(model, "load_tokenizer", looked_up)
     monkeypatch.setattr(model, "load_causal_lm", looked_up)
     missing = tmp_path / "org" / "no-model"
     with pytest.raises(ConfigError, match=f"no model directory at {missing}"):

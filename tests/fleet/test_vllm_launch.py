@@ -1,6 +1,6 @@
 """The one builder of a vLLM server's command line: every server actorsys starts gets the
-weight-update endpoints, the key middleware and, unless told otherwise, the worker
-extension."""
+weight-update endpoints, the key and weight-version middlewares (the key outermost) and,
+unless told otherwise, the worker extension."""
 
 from __future__ import annotations
 
@@ -10,24 +10,31 @@ from actorsys.evals import EvalDataset, ServerEvalFn
 from actorsys.fleet.clients.vllm import RELOAD, TIED_RELOAD
 from actorsys.fleet.local import vllm
 from actorsys.fleet.vllm_launch import EXTENSION_FLAG, MIDDLEWARE_FLAG, vllm_command, vllm_launch
-from actorsys.fleet.vllm_worker import API_KEY_MIDDLEWARE, EXTENSION_CLASS, WORKER_DIR
+from actorsys.fleet.vllm_worker import (
+    API_KEY_MIDDLEWARE,
+    EXTENSION_CLASS,
+    WEIGHT_VERSION_MIDDLEWARE,
+    WORKER_DIR,
+)
 
 ARGV = vllm_command("/venv/bin/python", "/models/base", 8000)
+# vLLM wraps the app in each --middleware in turn: the last, the key's, is the outermost
+MIDDLEWARES = [MIDDLEWARE_FLAG, WEIGHT_VERSION_MIDDLEWARE, MIDDLEWARE_FLAG, API_KEY_MIDDLEWARE]
 
 
 def test_a_launch_gets_the_dev_mode_the_key_guard_and_the_worker_extension_first_on_its_path(
 ) -> None:
     launch = vllm_launch(ARGV, environ={"PYTHONPATH": "/mine"})
-    assert launch.argv == [*ARGV, EXTENSION_FLAG, EXTENSION_CLASS, MIDDLEWARE_FLAG, API_KEY_MIDDLEWARE]
+    assert launch.argv == [*ARGV, EXTENSION_FLAG, EXTENSION_CLASS, *MIDDLEWARES]
     assert launch.env == {"VLLM_SERVER_DEV_MODE": "1",
                           "PYTHONPATH": os.pathsep.join([WORKER_DIR, "/mine"])}
 
 
 def test_an_extension_of_the_users_own_or_no_tied_reload_is_left_alone() -> None:
     own = [*ARGV, EXTENSION_FLAG, "theirs.Extension"]
-    assert vllm_launch(own, environ={}).argv == [*own, MIDDLEWARE_FLAG, API_KEY_MIDDLEWARE]
+    assert vllm_launch(own, environ={}).argv == [*own, *MIDDLEWARES]
     plain = vllm_launch(ARGV, tied_reload=False, environ={"PYTHONPATH": "/mine"})
-    assert plain.argv == [*ARGV, MIDDLEWARE_FLAG, API_KEY_MIDDLEWARE]
+    assert plain.argv == [*ARGV, *MIDDLEWARES]
     assert plain.env == {"VLLM_SERVER_DEV_MODE": "1",
                          "PYTHONPATH": os.pathsep.join([WORKER_DIR, "/mine"])}
 

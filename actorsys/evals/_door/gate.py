@@ -11,8 +11,23 @@ and from then on nothing the abandoned thread sends can reach an engine. Its URL
 random token, so a later gate that the OS happens to give the same port refuses it too.
 
 The gate spreads requests round-robin over its upstreams (the router, or the engines), and
-holds every answer that reports a weight version to the pinned one: a stale answer is refused
-(502) and fails the evaluation as ``pin_violation``.
+holds answers to the pinned version in two ways; a stale answer is refused (502) and fails the
+evaluation as ``pin_violation``:
+
+- every request carries the pinned version in ``x-actorsys-weight-version``. The servers
+  actorsys starts enforce it (the CPU engine, and vLLM through actorsys' middleware,
+  :mod:`actorsys.fleet.vllm_worker.actorsys_weight_version`): a request for another version
+  is refused with 409 ``weight_version_mismatch``, before it is generated or, where the
+  version changed while it was, instead of its answer; the gate reads that refusal as stale
+  weights;
+- an answer that reports its version (``metadata.weight_version``: the CPU engine's) is
+  compared with the pinned one.
+
+Where neither holds (a vLLM server actorsys did not start, hence without the middleware; an
+sglang server, which neither reads the header nor reports a version in its OpenAI answers),
+the gate holds nothing per answer: what holds the version there is the pin (every engine read
+back the version before the evaluation, and the fleet is leased to it), the probe awaited
+before the point settles, and closing the gate before the fleet goes back to the pool.
 
 It forwards with the engines' key, so it is a door another local user must not open or block:
 
@@ -65,6 +80,7 @@ from actorsys.evals._door.routes import (
     token_ok,
 )
 from actorsys.fleet.clients.completions import CompletionError, StaleWeightsError
+from actorsys.fleet.vllm_worker.actorsys_weight_version import REFUSED_STATUS, refused_versions
 
 log = logging.getLogger("actorsys.evals")
 
@@ -285,7 +301,13 @@ class RequestGate:
         return response.status_code, response.content
 
     def _stale_version(self, response: httpx.Response) -> tuple[str, str] | None:
-        if self.expected_version is None or response.status_code != 200:
+        """(pinned, served) where ``response`` came from, or was refused by, other weights."""
+        if self.expected_version is None:
+            return None
+        if response.status_code == REFUSED_STATUS:
+            refused = refused_versions(response.content)
+            return None if refused is None else (self.expected_version, refused[1])
+        if response.status_code != 200:
             return None
         try:
             metadata = response.json().get("metadata")

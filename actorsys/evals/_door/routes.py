@@ -9,8 +9,8 @@ import hmac
 import h11
 
 from actorsys.evals._door.http_wire import error_body
+from actorsys.fleet.vllm_worker.actorsys_weight_version import VERSION_HEADER
 
-VERSION_HEADER = "x-actorsys-weight-version"
 ROUTES = frozenset({
     ("POST", "/v1/completions"),
     ("POST", "/v1/chat/completions"),

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from actorsys.evals.data.dataset import EvalDataset
+from actorsys.fleet.chat_template import load_tokenizer
 
 log = logging.getLogger("actorsys.evals")
 
@@ -55,9 +56,7 @@ def fit_datasets(checkpoint_dir: str, datasets: Sequence[EvalDataset]) -> list[l
     if positions is None:
         return None
     try:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(checkpoint_dir, local_files_only=True)
+        tokenizer = load_tokenizer(checkpoint_dir)
     except (OSError, ValueError, KeyError) as exc:
         tell("no usable tokenizer", f"{checkpoint_dir}: {type(exc).__name__}")
         return None

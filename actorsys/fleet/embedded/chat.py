@@ -37,6 +37,7 @@ from actorsys.fleet.embedded.requests import (
     _BadRequest,
     _request,
     _stop,
+    default_max_tokens,
     is_utf8,
 )
 
@@ -53,6 +54,7 @@ class ChatHost(Protocol):
     max_positions: int
     vocab_size: int
     eos_ids: set[int]
+    generation_max_tokens: int | None
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -151,7 +153,7 @@ def chat_call(body: dict[str, Any], host: ChatHost, templates: ChatTemplates) ->
     max_field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = body.get(max_field)
     if max_tokens is None:
-        max_tokens = max(host.max_positions - len(ids), 0)
+        max_tokens = default_max_tokens(host, len(ids))
     stop = _stop(body.get("stop"), "stop")
     seeds = _seeds(body.get("seed"), n)
     requests = [

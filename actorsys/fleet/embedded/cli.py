@@ -31,6 +31,7 @@ from hypercorn.config import Config
 
 from actorsys._flags import EXIT_USAGE, int_at_least
 from actorsys.fleet._proc.port import held_listener, inherited_listener
+from actorsys.fleet.checkpoint import CheckpointMismatchError
 from actorsys.fleet.embedded import API_KEY_ENV
 from actorsys.fleet.embedded.model import ModelHost
 from actorsys.fleet.embedded.server import MAX_BODY_BYTES, EmbeddedEngine
@@ -135,8 +136,8 @@ def run_engine(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
-    anyio.run(
-        partial(
+    try:
+        anyio.run(partial(
             serve_engine,
             args.model,
             sock,
@@ -147,9 +148,10 @@ def run_engine(args: argparse.Namespace) -> int:
             max_body_bytes=args.max_body_bytes,
             keep_old_weights=args.test_keep_old_weights,
             label_kept_weights=args.test_label_kept_weights,
-        ),
-        backend="asyncio",
-    )
+        ), backend="asyncio")
+    except CheckpointMismatchError as exc:  # the model directory cannot be served: one line
+        sys.stderr.write(f"actorsys engine: --model {exc}\n")
+        return 1
     return 0
 
 

@@ -16,9 +16,10 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
-from transformers import AutoTokenizer, DynamicCache
+from transformers import DynamicCache
 
 from actorsys._errors import ConfigError
+from actorsys.fleet.chat_template import load_tokenizer
 from actorsys.fleet.checkpoint import (
     CheckpointMismatchError,
     check_checkpoint,
@@ -81,7 +82,9 @@ class ModelHost:
             # Never a name on a model hub: transformers would go and ask one for it.
             raise ConfigError("ModelHost(model_dir)", f"no model directory at {self.model_dir} "
                               "(a model is read from a local directory, never downloaded)")
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir, local_files_only=True)
+        # Its tokenizer files must lie in it, as a loaded snapshot's (``watch`` starts its
+        # engines on the first checkpoint it finds): a CheckpointMismatchError names the link.
+        self.tokenizer = load_tokenizer(self.model_dir)
         self.model = _load_model(self.model_dir)
         self.config = read_config(self.model_dir)
         self.tensors = read_tensor_infos(self.model_dir)
@@ -93,6 +96,7 @@ class ModelHost:
         self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 2048))
         self.vocab_size = int(self.model.config.vocab_size)
         self.eos_ids = _eos_ids(self.model)
+        self.generation_max_tokens = _generation_max_tokens(self.model)
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else (min(self.eos_ids) if self.eos_ids else 0))
         parameters = inspect.signature(self.model.forward).parameters
@@ -287,6 +291,13 @@ def _choose(
         keep = sorted_probs.cumsum(-1) - sorted_probs < request.top_p
         probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_probs[keep])
     return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+def _generation_max_tokens(model: Any) -> int | None:
+    """The ``max_new_tokens`` of the model's ``generation_config.json``, if it names one (a
+    default for requests that ask for no length, as vLLM takes it)."""
+    value = getattr(getattr(model, "generation_config", None), "max_new_tokens", None)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _eos_ids(model: Any) -> set[int]:

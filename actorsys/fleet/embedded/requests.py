@@ -26,6 +26,9 @@ MIN_TEMPERATURE = 1e-5
 MAX_TEMPERATURE = 1e3
 SEED_RANGE = (-(2**63), 2**64)
 """torch's ``Generator.manual_seed`` takes exactly these."""
+DEFAULT_MAX_TOKENS = 1024
+"""The most tokens a chat request that names no ``max_tokens`` is given, where the model's
+``generation_config.json`` names no ``max_new_tokens`` (:func:`default_max_tokens`)."""
 
 
 class _BadRequest(ValueError):
@@ -61,6 +64,21 @@ class Tokenizing(Protocol):
     vocab_size: int
 
     def encode(self, text: str) -> list[int]: ...
+
+
+class LengthDefaults(Protocol):
+    max_positions: int
+    generation_max_tokens: int | None
+
+
+def default_max_tokens(host: LengthDefaults, prompt_tokens: int) -> int:
+    """The ``max_tokens`` of a chat request that names none: what the context leaves after
+    its ``prompt_tokens``, at most the model's ``generation_config.json`` ``max_new_tokens``
+    (as vLLM bounds it) or else :data:`DEFAULT_MAX_TOKENS`. vLLM gives such a request all
+    the context left; on the CPU engine that is minutes of a batch for every sequence of it
+    (``n=256`` on a 32k context), so it is bounded here."""
+    bound = host.generation_max_tokens or DEFAULT_MAX_TOKENS
+    return max(0, min(host.max_positions - prompt_tokens, bound))
 
 
 def generate_requests(

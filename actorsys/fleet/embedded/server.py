@@ -12,9 +12,13 @@ answer comes from one checkpoint and is stamped with its version
 
 With an ``api_key`` every route but ``/health`` answers only requests that carry
 ``Authorization: Bearer KEY`` (401 otherwise): anyone else who can connect could swap the
-weights under the pinned label. Bodies are read up to ``max_body_bytes`` (413 past it), then
-parsed, checked and tokenized in a worker thread, so a large prompt never stalls the event
-loop (``/health`` keeps answering); a request that fails its checks is a 400 naming the field.
+weights under the pinned label. A request that names a weight version in
+``x-actorsys-weight-version`` (the request gate's) is answered only from those weights,
+checked before and after it is generated (409 otherwise:
+:mod:`actorsys.fleet.vllm_worker.actorsys_weight_version`). Bodies are read up to
+``max_body_bytes`` (413 past it), then parsed, checked and tokenized in a worker thread, so
+a large prompt never stalls the event loop (``/health`` keeps answering); a request that fails
+its checks is a 400 naming the field.
 A batch that fails as a whole is generated again request by request, so one request the checks
 missed fails alone, never the requests batched with it.
 
@@ -58,6 +62,7 @@ from actorsys.fleet.embedded.requests import (
     request_priority,
 )
 from actorsys.fleet.vllm_worker.actorsys_api_key import ApiKeyMiddleware
+from actorsys.fleet.vllm_worker.actorsys_weight_version import WeightVersionMiddleware
 
 log = logging.getLogger("actorsys.engine")
 
@@ -109,7 +114,9 @@ class EmbeddedEngine(GenerationBatcher):
             Route("/v1/completions", self._completions, methods=["POST"]),
             Route("/v1/chat/completions", self._chat_completions, methods=["POST"]),
         ]
+        # The key is checked first (the outermost), then the weight version a request names.
         middleware = [Middleware(ApiKeyMiddleware, key=self.api_key)] if self.api_key else []
+        middleware.append(Middleware(WeightVersionMiddleware, served_version=self._served_version))
         return Starlette(
             routes=routes,
             middleware=middleware,
@@ -147,6 +154,10 @@ class EmbeddedEngine(GenerationBatcher):
         return await anyio.to_thread.run_sync(
             lambda: build(parse_body(data)), limiter=limiter or self._parse_limiter
         )
+
+    async def _served_version(self, scope: object) -> str:
+        """The version the engine serves, for :class:`WeightVersionMiddleware`."""
+        return self.host.version
 
     async def _health(self, request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok"})
