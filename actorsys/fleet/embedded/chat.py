@@ -76,7 +76,7 @@ class ChatTemplates:
     snapshot from its files; the engine's own where a snapshot holds none. Thread-safe."""
 
     def __init__(self, host: ChatHost) -> None:
-        if has_chat_template(host.tokenizer):
+        if has_chat_template(getattr(host, "tokenizer", None)):
             warm_renderer()  # the first chat request finds its render worker started
         self._host = host
         self._lock = threading.Lock()
