@@ -39,7 +39,10 @@ def _limit_memory(limit: int) -> None:
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     if hard != resource.RLIM_INFINITY:
         limit = min(limit, hard)
-    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    try:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    except (ValueError, OSError):  # a system without the limit: the deadline still holds
+        pass
 
 
 def _limit_cpu(seconds: int) -> None:
@@ -51,7 +54,10 @@ def _limit_cpu(seconds: int) -> None:
     soft = used + seconds
     if hard != resource.RLIM_INFINITY:
         soft = min(soft, hard)
-    resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+    try:
+        resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+    except (ValueError, OSError):  # a system without the limit: the caller's kill still holds
+        pass
 
 
 def _render(request: dict[str, Any]) -> str:
