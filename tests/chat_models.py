@@ -326,3 +326,36 @@ def greedy_chat(
         out = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
                              max_new_tokens=max_new_tokens)
     return str(tokenizer.decode(out[0, prompt.shape[1]:], skip_special_tokens=True))
+
+
+HOSTILE_CHATS = {
+    "loop": "{%- for i in range(100000) %}{%- for j in range(100000) %}{%- endfor %}{%- endfor %}",
+    "huge": "{{- 'x' * 10**9 }}",
+    "long": "{{- 'x' * 5000000 }}",
+    "recursion": "{%- macro deeper(n) %}{{- deeper(n + 1) }}{%- endmacro %}{{- deeper(0) }}",
+    "range": "{{- range(10**6) | list | length }}",
+}
+"""What a hostile template does when the last message's content names it: loop for about ever,
+build a string of a GB, render 5 MB of text, recurse without end, ask for a range past the
+sandbox's."""
+HOSTILE_TEMPLATE = (
+    "{%- set last = messages[-1].content %}"
+    + "".join(f"{{%- {'if' if i == 0 else 'elif'} last == '{name}' %}}{body}"
+              for i, (name, body) in enumerate(HOSTILE_CHATS.items()))
+    + "{%- else %}" + TOOL_CHAT_TEMPLATE + "{%- endif %}"
+)
+"""The tool chat template, behind the hostile branches of :data:`HOSTILE_CHATS`."""
+
+
+def with_chat_template(source: Path, target: Path, template: str) -> Path:
+    """A copy of the chat model at ``source`` whose tokenizer's chat template is ``template``."""
+    import json
+    import shutil
+
+    shutil.copytree(source, target)
+    config_path = target / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config.pop("chat_template", None)
+    config_path.write_text(json.dumps(config))
+    (target / "chat_template.jinja").write_text(template)
+    return target

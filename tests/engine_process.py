@@ -28,12 +28,14 @@ def engine_processes(
     *,
     key: str | None = None,
     logs: Sequence[Path] | None = None,
+    processes: list[subprocess.Popen[bytes]] | None = None,
 ) -> Iterator[list[str]]:
     """Serve one ``engine`` per entry of ``argvs`` (``--model`` and the rest; the socket is
     bound here), all with the key ``key`` (from the environment, as the fleets hand it),
     started at once; yields their URLs. Each engine's output goes to its entry of ``logs``
-    (if given; else nowhere). The wait is on real processes, so it polls the wall clock,
-    bounded by :data:`START_SECONDS` for all of them."""
+    (if given; else nowhere); their processes are added to ``processes`` (if given). The
+    wait is on real processes, so it polls the wall clock, bounded by :data:`START_SECONDS`
+    for all of them."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     env.pop("ACTORSYS_API_KEY", None)
     if key is not None:
@@ -50,6 +52,8 @@ def engine_processes(
                 process = subprocess.Popen(command, env=env, stdout=output, stderr=output,
                                            pass_fds=[listener.fileno()])
                 started.append((process, f"http://127.0.0.1:{port}"))
+                if processes is not None:
+                    processes.append(process)
             deadline = time.monotonic() + START_SECONDS
             with httpx.Client(timeout=5.0) as client:
                 for process, url in started:
@@ -60,9 +64,14 @@ def engine_processes(
 
 
 @contextmanager
-def engine_process(args: Sequence[str], *, key: str | None = None) -> Iterator[str]:
+def engine_process(
+    args: Sequence[str],
+    *,
+    key: str | None = None,
+    processes: list[subprocess.Popen[bytes]] | None = None,
+) -> Iterator[str]:
     """One engine of :func:`engine_processes`; yields its URL."""
-    with engine_processes([args], key=key) as (url,):
+    with engine_processes([args], key=key, processes=processes) as (url,):
         yield url
 
 

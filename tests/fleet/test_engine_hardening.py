@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from actorsys import SGLangEngine
 from actorsys.fleet.embedded.model import GenerationRequest, GenerationResult, ModelHost
 from actorsys.fleet.embedded.requests import MAX_SEQUENCES
-from actorsys.fleet.embedded.server import EmbeddedEngine
+from actorsys.fleet.embedded.server import PARSE_THREADS, EmbeddedEngine
 from actorsys.fleet.vllm_worker.actorsys_api_key import ApiKeyMiddleware
 from tests.engine_process import engine_process as serve_engine
 from tests.fleet.conftest import TinyModels
@@ -294,6 +294,55 @@ async def test_tokenizing_a_prompt_never_stalls_the_event_loop(nursery: trio.Nur
     assert health.status_code == 200
     assert host.released_in_time is True
     assert answers[0].status_code == 200
+
+
+class HeldHost(FakeHost):
+    """A :class:`FakeHost` whose ``encode`` holds every caller until ``release`` is set,
+    releasing ``held`` once per caller it holds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held = threading.Semaphore(0)
+        self.release = threading.Event()
+
+    def encode(self, text: str) -> list[int]:
+        self.held.release()
+        self.release.wait(timeout=60)
+        return super().encode(text)
+
+
+async def test_health_is_503_while_every_parse_thread_is_stuck_and_200_once_they_free(
+    nursery: trio.Nursery,
+) -> None:
+    host = HeldHost()
+    engine = EmbeddedEngine(host, parse_stuck_after=3600.0)  # type: ignore[arg-type]
+    nursery.start_soon(engine.run)
+    answers: list[httpx.Response] = []
+    async with client_of(engine) as client:
+
+        async def complete() -> None:
+            answers.append(await client.post("/v1/completions",
+                                             json={"prompt": "held", "max_tokens": 1}))
+
+        async with trio.open_nursery() as requests:
+            for _ in range(PARSE_THREADS):
+                requests.start_soon(complete)
+            for _ in range(PARSE_THREADS):
+                await trio.to_thread.run_sync(host.held.acquire)
+            busy = await client.get("/health")  # every thread busy, none for long yet
+            engine.parse_stuck_after = 0.0
+            stuck = await client.get("/health")
+            load = await client.post("/update_weights_from_disk",
+                                     json={"model_path": "/fake/next", "weight_version": "v2"})
+            host.release.set()
+        freed = await client.get("/health")
+    assert busy.status_code == 200
+    assert stuck.status_code == 503
+    assert f"every parse thread ({PARSE_THREADS})" in stuck.json()["message"]
+    assert load.status_code == 200, load.text  # weight loads parse on a limiter of their own
+    assert host.loads == ["/fake/next"]
+    assert freed.status_code == 200
+    assert [a.status_code for a in answers] == [200] * PARSE_THREADS
 
 
 # --- malformed bodies: always a 4xx that says why, and the engine stays up ------------------

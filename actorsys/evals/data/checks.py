@@ -21,7 +21,7 @@ from actorsys.evals.scoring.grading import RM_TYPE, record_scorer
 from actorsys.evals.scoring.miles_rewards import dapo_label
 from actorsys.evals.scoring.pool import pickling_problem
 from actorsys.evals.scoring.scorers import Scorer, check_scorer
-from actorsys.fleet.chat_template import check_messages, check_tools
+from actorsys.fleet.chat_template import check_messages, check_template_kwargs, check_tools
 
 
 class DatasetSettings(Protocol):
@@ -179,9 +179,13 @@ def _checked_chat_settings(dataset: DatasetSettings, where: str) -> dict[str, An
                                f"expected an object of keyword arguments, got {kwargs!r}")
         try:
             json.dumps(dict(kwargs))
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RecursionError) as exc:
             raise DatasetError(where, None, "chat_template_kwargs",
                                f"expected JSON values: {exc}") from None
+        problem = check_template_kwargs(kwargs)
+        if problem is not None:
+            key, _, message = problem.partition(": ")
+            raise DatasetError(where, None, key, message)
         kwargs = dict(kwargs)
     for key in ("tool_key", "metadata_key"):
         value = getattr(dataset, key)

@@ -12,8 +12,12 @@ are: the template's BOS once, and no second one from a tokenizer that adds a BOS
 
 A snapshot whose tokenizer has no chat template (or that has no tokenizer) cannot be scored
 on a chat dataset: the point skips ``no_chat_template``, naming the snapshot. A record whose
-conversation the template refuses (a Jinja ``raise_exception``) is not sent: it scores 0,
-counted in ``eval/<name>/errors``.
+conversation the template refuses (a Jinja ``raise_exception``, or any other failure of the
+template: it is rendered in a render worker process, within a deadline and a memory cap) is not
+sent: it scores 0, counted in ``eval/<name>/errors``. A template that runs past its deadline
+once (its worker is killed) is not asked again for that dataset at that snapshot: the records
+after it are refused with the same reason, so a template that loops costs one deadline, not
+one per record.
 """
 
 from __future__ import annotations
@@ -30,7 +34,9 @@ from actorsys.fleet.chat_template import (
     ChatTemplateMissingError,
     has_chat_template,
     load_tokenizer,
+    overran,
     render_chat,
+    warm_renderer,
 )
 
 MAX_SHOWN_REFUSED = 2000
@@ -60,6 +66,8 @@ def prepare_prompts(
     chat dataset cannot be rendered for it. Blocking: loads the tokenizer, renders and
     tokenizes every prompt; run it in a worker thread."""
     chat = any(d.apply_chat_template for d in datasets)
+    if chat:
+        warm_renderer()  # its start overlaps the tokenizer's load
     if checkpoint_dir is None:
         if chat:
             raise EvalSkip(ChatTemplateMissingError.reason,
@@ -101,8 +109,11 @@ def _chat(
     shown: list[str] = []
     refusals: list[str | None] = []
     fits: list[Fit] = []
+    overrun: str | None = None
     for index in range(len(dataset.records)):
         try:
+            if overrun is not None:
+                raise ValueError(overrun)
             rendered = render_chat(
                 tokenizer,
                 dataset.messages(index),
@@ -112,6 +123,8 @@ def _chat(
                 path=checkpoint_dir,
             )
         except ValueError as exc:
+            if overran(exc):
+                overrun = f"not rendered: the chat template overran on record {index}: {exc}"
             sent.append(None)
             shown.append(json.dumps(dataset.messages(index))[:MAX_SHOWN_REFUSED])
             refusals.append(str(exc))

@@ -33,6 +33,7 @@ from actorsys.evals.scoring.scorers import (
     extracted_answer,
     needs_math,
 )
+from actorsys.fleet.chat_template import warm_renderer
 from actorsys.fleet.clients.completions import Completion
 from actorsys.runtime import run_in_eval_thread
 
@@ -230,7 +231,10 @@ def pool_scorer(dataset: EvalDataset) -> Scorer | Grader:
 async def warm_scorers(datasets: Sequence[EvalDataset]) -> None:
     """Start and warm the scoring workers for ``datasets`` (see
     :func:`~actorsys.evals.scoring.pool.warm_workers`), so that the first point's scoring pays
-    no worker start; what an eval fn that scores datasets runs when its supervisor opens."""
+    no worker start; what an eval fn that scores datasets runs when its supervisor opens.
+    With a chat dataset it starts the render worker too (in the background)."""
+    if any(dataset.apply_chat_template for dataset in datasets):
+        warm_renderer()
     await warm_workers([pool_scorer(dataset) for dataset in datasets])
 
 

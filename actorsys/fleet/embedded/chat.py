@@ -12,7 +12,11 @@ what it gets from vLLM serving the same snapshot, or an evaluation scores someth
   special tokens (as vLLM's ``hermes`` parser asks) and its Hermes tool calls become
   ``tool_calls`` with ``finish_reason`` ``"tool_calls"``; ``parallel_tool_calls: false`` keeps
   the first. ``"required"`` and a named tool need guided decoding, which the engine has not:
-  they are refused (400), as are streaming and chat log-probabilities.
+  they are refused (400), as are streaming and chat log-probabilities;
+- ``chat_template_kwargs`` may not carry ``apply_chat_template``'s own parameters (a
+  ``chat_template`` there would replace the snapshot's template), and a template that fails in
+  any way (a syntax error, a loop past its deadline, too deep, too big) is a 400 naming the
+  problem: it is rendered in a render worker process that is killed past its deadline.
 
 Everything a client sends is checked here (in a worker thread, with the body's parsing), so a
 bad request is a 400 naming the field and never fails the batch it would have joined.
@@ -27,7 +31,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from actorsys.fleet.chat_template import ChatTemplateMissingError, load_tokenizer, render_chat
+from actorsys.fleet.chat_template import (
+    ChatTemplateMissingError,
+    check_template_kwargs,
+    has_chat_template,
+    load_tokenizer,
+    render_chat,
+    warm_renderer,
+)
 from actorsys.fleet.embedded.chat_messages import chat_messages, chat_tools
 from actorsys.fleet.embedded.hermes import parse_tool_calls
 from actorsys.fleet.embedded.model import GenerationRequest, GenerationResult, stop_index
@@ -67,6 +78,8 @@ class ChatTemplates:
     snapshot from its files; the engine's own where a snapshot holds none. Thread-safe."""
 
     def __init__(self, host: ChatHost) -> None:
+        if has_chat_template(getattr(host, "tokenizer", None)):
+            warm_renderer()  # the first chat request finds its render worker started
         self._host = host
         self._lock = threading.Lock()
         self._path: str | None = None
@@ -122,8 +135,9 @@ def chat_call(body: dict[str, Any], host: ChatHost, templates: ChatTemplates) ->
     if parallel is not None and not isinstance(parallel, bool):
         raise _BadRequest(f"parallel_tool_calls: expected true, false or null, got {parallel!r}")
     kwargs = body.get("chat_template_kwargs")
-    if kwargs is not None and not isinstance(kwargs, dict):
-        raise _BadRequest("chat_template_kwargs: expected an object of the template's arguments")
+    problem = check_template_kwargs(kwargs)
+    if problem is not None:
+        raise _BadRequest(problem)
     add_generation_prompt = body.get("add_generation_prompt", True)
     if not isinstance(add_generation_prompt, bool):
         raise _BadRequest("add_generation_prompt: expected true or false")

@@ -19,6 +19,11 @@ checked before and after it is generated (409 otherwise:
 ``max_body_bytes`` (413 past it), then parsed, checked and tokenized in a worker thread, so
 a large prompt never stalls the event loop (``/health`` keeps answering); a request that fails
 its checks is a 400 naming the field.
+Chat templates are rendered in a render worker process, killed past its deadline
+(:mod:`actorsys.fleet.chat_template`), so no template can spin on a parse thread. Should the
+parse threads still be stuck (every one busy, none freed for ``parse_stuck_after`` seconds),
+``/health`` answers 503 until one frees: the engine is up but answers no request. Weight loads
+parse and check on a limiter of their own, never on the parse threads.
 A batch that fails as a whole is generated again request by request, so one request the checks
 missed fails alone, never the requests batched with it.
 
@@ -31,6 +36,8 @@ Model work runs in a worker thread.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -68,6 +75,9 @@ log = logging.getLogger("actorsys.engine")
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
 PARSE_THREADS = 4
+PARSE_STUCK_AFTER = 30.0
+"""Seconds every parse thread may stay busy, none freed, before ``/health`` says 503 (well past
+a chat template's render deadline and the tokenizing of the largest body)."""
 T = TypeVar("T")
 
 
@@ -87,6 +97,7 @@ class EmbeddedEngine(GenerationBatcher):
         served_model_name: str | None = None,
         api_key: str | None = None,
         max_body_bytes: int = MAX_BODY_BYTES,
+        parse_stuck_after: float = PARSE_STUCK_AFTER,
     ) -> None:
         super().__init__(host, max_batch=max_batch)
         self.require_complete = require_complete
@@ -97,6 +108,10 @@ class EmbeddedEngine(GenerationBatcher):
         # Encoding borrows the Rust tokenizer immutably (nothing here changes its truncation
         # or padding), so concurrent encodes are safe.
         self._parse_limiter = anyio.CapacityLimiter(PARSE_THREADS)
+        self.parse_stuck_after = parse_stuck_after
+        # When each busy parse thread took its body (monotonic seconds), by a key of its own.
+        self._parsing: dict[object, float] = {}
+        self._parsing_lock = threading.Lock()
         self._chat_templates = ChatTemplates(host)
 
     def app(self) -> Starlette:
@@ -151,15 +166,43 @@ class EmbeddedEngine(GenerationBatcher):
         (JSON decoding and tokenizing a large prompt take seconds), on ``limiter`` (default:
         the parse limiter)."""
         data = await self._body(request)
+        if limiter is not None:
+            return await anyio.to_thread.run_sync(lambda: build(parse_body(data)), limiter=limiter)
         return await anyio.to_thread.run_sync(
-            lambda: build(parse_body(data)), limiter=limiter or self._parse_limiter
+            lambda: self._parse_on_thread(lambda: build(parse_body(data))),
+            limiter=self._parse_limiter,
         )
 
     async def _served_version(self, scope: object) -> str:
         """The version the engine serves, for :class:`WeightVersionMiddleware`."""
         return self.host.version
 
+    def _parse_on_thread(self, parse: Callable[[], T]) -> T:
+        """``parse()``, listed as busy while it runs (``/health`` reads the list)."""
+        key = object()
+        with self._parsing_lock:
+            self._parsing[key] = time.monotonic()
+        try:
+            return parse()
+        finally:
+            with self._parsing_lock:
+                del self._parsing[key]
+
+    def parse_threads_stuck(self) -> bool:
+        """Whether every parse thread is busy and none took its body in the last
+        ``parse_stuck_after`` seconds: no request can be parsed, and none has been for that
+        long."""
+        with self._parsing_lock:
+            started = list(self._parsing.values())
+        if len(started) < PARSE_THREADS:
+            return False
+        return time.monotonic() - max(started) >= self.parse_stuck_after
+
     async def _health(self, request: Request) -> JSONResponse:
+        if self.parse_threads_stuck():
+            message = (f"every parse thread ({PARSE_THREADS}) has been busy for more than "
+                       f"{self.parse_stuck_after:g} s")
+            return JSONResponse({"status": "stuck", "message": message}, status_code=503)
         return JSONResponse({"status": "ok"})
 
     async def _health_generate(self, request: Request) -> JSONResponse:
