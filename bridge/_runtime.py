@@ -52,7 +52,10 @@ class Runtime:
         self.config = config
         self.sink: Sink = as_sink(sink)
         self.handoff_timeout = float(handoff_timeout)
-        self.trio = TrioThread(config, eval_fn=eval_fn, fleet=fleet, sink=self.sink)
+        self.trio = TrioThread(
+            config, eval_fn=eval_fn, fleet=fleet, sink=self.sink, description=TRIO_THREAD,
+            stop_at_exit=self.close_at_exit,
+        )
         self.close_report: CloseReport | None = None
         self._lock = threading.Lock()
         self._close_call: Call[CloseReport] | None = None
@@ -203,6 +206,11 @@ class Runtime:
         else:
             call.deliver(CloseReport(clean=True, abandoned=[], stuck_threads=[]))
         return call
+
+    def close_at_exit(self) -> None:
+        """At the interpreter's exit (from its thread, never blocking): a close with no budget
+        and no drain, unless a close was asked for already (it then goes on)."""
+        self.request_close(0.0, drain=False)
 
     def finish_close(self) -> CloseReport:
         """The report of a close whose waiting is over: the trio side's, plus the trio thread

@@ -14,6 +14,12 @@ it back. Commands reach the dispatcher in the order they were posted either way.
 The thread also keeps the host's own record of the pipeline, readable without the trio
 thread: the steps handed over, the steps the sink saw settle, and the supervisor's statistics
 as last published.
+
+While it runs, the thread is registered with :mod:`actorsys.runtime.exit_guard`: a host that
+exits with the bridge still open, or right after a close whose answer it stopped waiting for,
+has the interpreter's exit ask the supervisor to close (``stop_at_exit``) and wait for it
+(within the guard's bound), so that no export or evaluation the close would still cut off or
+clean up is left inside torch when the interpreter finalizes.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import trio
 
 from actorsys.config import EvalConfig
 from actorsys.outcome import BestPoint, Outcome, SupervisorStatistics
+from actorsys.runtime import exit_guard
 from actorsys.sinks import Sink
 from actorsys.sinks.fanout import CallbackSink, FanoutSink
 from actorsys.supervisor import EvalSupervisor
@@ -59,8 +66,19 @@ class TrioThread:
     once ``trio.run`` has returned. Commands posted before the thread is up wait for it.
     """
 
-    def __init__(self, config: EvalConfig, *, eval_fn: Any, fleet: Any, sink: Sink) -> None:
+    def __init__(
+        self,
+        config: EvalConfig,
+        *,
+        eval_fn: Any,
+        fleet: Any,
+        sink: Sink,
+        description: str,
+        stop_at_exit: Callable[[], None],
+    ) -> None:
         self.config = config
+        self.description = description
+        self._stop_at_exit = stop_at_exit
         self.sink = sink
         self.started: concurrent.futures.Future[None] = concurrent.futures.Future()
         self.finished: concurrent.futures.Future[None] = concurrent.futures.Future()
@@ -138,17 +156,27 @@ class TrioThread:
             command.refuse()
 
     def _run_relay(self) -> None:
-        """Post what was posted detached, in order, until the trio thread has ended."""
-        while True:
-            self._relay_wake.wait()
-            with self._relay_lock:
-                self._relay_wake.clear()
-                relayed, self._relayed = self._relayed, []
-                for command in relayed:
-                    self._post_now(command)
-                if self.finished.done():
-                    self._relay_gone = True
-                    return
+        """Post what was posted detached, in order, until the trio thread has ended.
+
+        Registered with the exit guard until it holds no command any more: a command may hold
+        the last reference to a point's weights, and a tensor freed in a daemon thread once
+        the interpreter finalizes aborts the process."""
+        with exit_guard.guarded(RELAY_NAME):
+            while self._relay_once():
+                pass
+
+    def _relay_once(self) -> bool:
+        """Wait to be woken, post what waits; False once the trio thread has ended."""
+        self._relay_wake.wait()
+        with self._relay_lock:
+            self._relay_wake.clear()
+            relayed, self._relayed = self._relayed, []
+            for command in relayed:
+                self._post_now(command)
+            if self.finished.done():
+                self._relay_gone = True
+                return False
+            return True
 
     def note_launched(self, step: int, *, borrowed: bool = False) -> None:
         """``step`` is handed over; ``borrowed``: it evaluates a checkpoint of the trainer's."""
@@ -194,6 +222,10 @@ class TrioThread:
             self._decided = (sup.best(), sup.protected_steps(), sup.stop_reason)
 
     def _run(self) -> None:
+        with exit_guard.guarded(self.description, stop=self._stop_at_exit):
+            self._run_trio()
+
+    def _run_trio(self) -> None:
         try:
             trio.run(self._main)
         except BaseException as exc:

@@ -205,3 +205,38 @@ class ScriptedFleet:
                     Completion(index, prompt, text, "stop", self.version, "fake://", self.tokens)
                 )
         return answers
+
+
+
+class ChunkGate:
+    """Holds the buffer pool's faulting in at a chunk boundary: the ``at``-th time it asks
+    whether it was stopped (before chunk ``at``) waits until the test sets ``go``.
+
+    ``allocate_faulted`` stays the real one (zeroing chunk by chunk, stopping once asked to);
+    only the question it is handed is wrapped, so ``checks`` counts how often it asked.
+    """
+
+    def __init__(self, monkeypatch: Any, *, at: int) -> None:
+        from actorsys.snapshot._pool import pool
+
+        self.at = at
+        self.checks = 0
+        self.waiting = threading.Event()
+        self.go = threading.Event()
+        real = pool.allocate_faulted
+
+        def gated(
+            nbytes: int, *, pinned: bool, stopped: Callable[[], bool] | None = None
+        ) -> torch.Tensor | None:
+            assert stopped is not None, "the pool always says how to stop a preparation"
+
+            def asked() -> bool:
+                self.checks += 1
+                if self.checks == self.at:
+                    self.waiting.set()
+                    assert self.go.wait(30), "the test never let the preparation go on"
+                return stopped()
+
+            return real(nbytes, pinned=pinned, stopped=asked)
+
+        monkeypatch.setattr(pool, "allocate_faulted", gated)

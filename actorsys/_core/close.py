@@ -3,8 +3,10 @@
 A close first lets the points in flight settle through the Retirer, for all but a reserve of
 its budget; only what is still in flight then is settled ``closed`` here, outside the Retirer
 (its owners are cancelled, and whatever they forward later is only cleaned up). Then the
-actors stop in pipeline order, the files left to delete are deleted, the eval fn is disposed
-and the asyncio eval loop stopped.
+actors stop in pipeline order, the files left to delete are deleted, the buffer pool's
+preparations are stopped and waited for, the eval fn is disposed and the asyncio eval loop
+stopped. What still runs then is named in ``stuck_threads``: a thread of ours still inside
+torch when the interpreter finalizes can abort the process.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from actorsys.actors.point import State
 from actorsys.actors.stage import within
 from actorsys.contracts import CheckpointEvalFn
 from actorsys.outcome import CloseReport, DrainReport
-from actorsys.runtime import run_blocking
+from actorsys.runtime import ThreadTracker, run_blocking
+from actorsys.runtime.asyncio_thread import DESCRIPTION as ASYNCIO_LOOP
 
 log = logging.getLogger("actorsys")
 
@@ -110,16 +113,34 @@ async def close(
         await actors.shutdown()
     actors.cancel()
     await retirer.delete_leftovers()
-    wiring.buffers.close()
+    await close_buffers(wiring, deadline)
     await dispose(eval_fn, deadline, wiring)
     asyncio_thread = wiring.invoker.asyncio_thread
     asyncio_thread.stop(timeout=max(0.0, min(ASYNCIO_STOP_SECONDS, deadline - trio.current_time())))
-    stuck = wiring.tracker.running()
+    stuck = [*wiring.tracker.running(), *wiring.buffers.unfinished()]
     if asyncio_thread.running:
-        stuck.append("asyncio eval loop")
+        stuck.append(ASYNCIO_LOOP)
     clean = not abandoned and not stuck and wiring.admission.gave_up is None
     log.info("closed: %d abandoned, %d stuck threads", len(abandoned), len(stuck))
     return CloseReport(clean=clean, abandoned=abandoned, stuck_threads=stuck)
+
+
+async def close_buffers(wiring: Wiring, deadline: float) -> None:
+    """Close the buffer pool: its preparations stop within a chunk of faulting in; wait for
+    them (in a worker thread) until ``deadline`` at most. Those still running then are the
+    pool's to name (``unfinished``)."""
+    if wiring.buffers.close():
+        return
+    left = deadline - trio.current_time()
+    if left <= 0:
+        return
+    await run_blocking(
+        lambda: wiring.buffers.close(timeout=left),
+        abandon_on_cancel=False,
+        limiter=trio.CapacityLimiter(1),
+        description="closing the buffer pool",
+        tracker=ThreadTracker(),  # what it waits for is reported, not the wait
+    )
 
 
 async def dispose(eval_fn: Any, deadline: float, wiring: Wiring) -> None:

@@ -8,6 +8,8 @@ cancelled and given ``grace`` seconds to run their clean-up (an OpenAI client cl
 connections); a task that ignores its cancellation longer is closed where it waits, while the
 loop is still open, and only then is the loop closed. (A task left pending on a closed loop
 runs its clean-up whenever it is collected, and fails there: "Event loop is closed".)
+The interpreter's exit stops a loop still running the same way and waits for its thread
+(:mod:`actorsys.runtime.exit_guard`): its tasks may be running torch in it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from actorsys.runtime.exit_guard import guarded
 from actorsys.runtime.futures import wait_future
 
 T = TypeVar("T")
@@ -29,6 +32,8 @@ STOP_GRACE = 5.0
 CLOSE_TRIES = 100
 """How many times a task that ignored its cancellation is closed where it waits (each clean-up
 step that awaits stops it again), at most."""
+DESCRIPTION = "asyncio eval loop"
+"""How the loop's thread is named where it is still running (``stuck_threads``, at exit)."""
 
 
 class AsyncioThread:
@@ -39,6 +44,7 @@ class AsyncioThread:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._stop_lock = threading.Lock()
 
     @property
     def running(self) -> bool:
@@ -50,18 +56,22 @@ class AsyncioThread:
             ready = threading.Event()
 
             def serve() -> None:
-                asyncio.set_event_loop(loop)
-                loop.call_soon(ready.set)
-                try:
-                    loop.run_forever()
-                finally:
-                    loop.close()
+                with guarded(DESCRIPTION, stop=self._stop_soon):
+                    asyncio.set_event_loop(loop)
+                    loop.call_soon(ready.set)
+                    try:
+                        loop.run_forever()
+                    finally:
+                        loop.close()
 
             self._thread = threading.Thread(target=serve, name=self._name, daemon=True)
             self._thread.start()
             ready.wait()
             self._loop = loop
         return self._loop
+
+    def _stop_soon(self) -> None:
+        self.stop(timeout=0)
 
     async def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the private loop and return its result.
@@ -79,12 +89,13 @@ class AsyncioThread:
         The loop's tasks are cancelled and have ``grace`` seconds to finish; one still running
         then is closed where it waits. The shutdown runs in the loop's own thread, so a
         ``timeout`` of 0 returns at once and the thread ends within about ``grace`` (unless a
-        task blocks the thread itself)."""
+        task blocks the thread itself). Thread-safe: the exit may stop it while close does."""
         loop, thread = self._loop, self._thread
         if loop is None or thread is None:
             return True
-        if not self._stopping:
-            self._stopping = True
+        with self._stop_lock:
+            first, self._stopping = not self._stopping, True
+        if first:
             with contextlib.suppress(RuntimeError):  # the loop is closed already
                 asyncio.run_coroutine_threadsafe(_shut_down(grace), loop)
         thread.join(timeout)

@@ -9,6 +9,9 @@ stands still under trio's autojumping ``MockClock`` (:mod:`actorsys.runtime.cloc
 test's timeouts fire at their virtual time, never because a delete took a real millisecond.
 Work that waits on the test itself, or that must let virtual time pass while it runs (an
 evaluation a user wrote as a plain ``def``), passes ``hold_clock=False``.
+
+Every job is also registered with :mod:`actorsys.runtime.exit_guard` while it runs, so that
+the interpreter's exit waits (within a bound) for a job still inside torch, abandoned or not.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import TypeVar
 import trio
 
 from actorsys.runtime.clock_hold import ClockHold, current_hold
+from actorsys.runtime.exit_guard import guarded
 
 T = TypeVar("T")
 
@@ -102,13 +106,15 @@ async def run_blocking(
     another's), then on the thread. On cancellation: with ``abandon_on_cancel`` the call returns
     at once and the thread runs on, listed by ``tracker`` until it ends; without it, the call
     waits for the thread to finish. With ``hold_clock`` an autojumping ``MockClock`` does
-    not jump while the thread runs (see the module's docstring).
+    not jump while the thread runs (see the module's docstring). The interpreter's exit
+    waits for the job (:mod:`actorsys.runtime.exit_guard`).
     """
     listed = _ListedWhileHeld(limiter, tracker, description, current_hold() if hold_clock else None)
 
     def job() -> T:
         try:
-            return fn()
+            with guarded(description):
+                return fn()
         finally:
             if listed.job_id is not None:
                 tracker._remove(listed.job_id)

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 
 import pytest
 import torch
 
+from actorsys.runtime import exit_guard
 from actorsys.snapshot import BufferPool, WeightsReleasedError, capture, plan_state, write_snapshot
+from actorsys.snapshot._pool import memory
 from actorsys.snapshot._pool import pool as _pool
 from actorsys.snapshot._write import safetensors as _safetensors
+from tests.fakes import ChunkGate
 
 from .snapshot_models import tiny_llama
 
@@ -167,10 +171,12 @@ class HeldPreparation:
         self.release = threading.Event()
         real = _pool.allocate_faulted
 
-        def held(nbytes: int, *, pinned: bool) -> torch.Tensor:
+        def held(
+            nbytes: int, *, pinned: bool, stopped: Callable[[], bool] | None = None
+        ) -> torch.Tensor | None:
             self.entered.set()
             assert self.release.wait(10)
-            return real(nbytes, pinned=pinned)
+            return real(nbytes, pinned=pinned, stopped=stopped)
 
         monkeypatch.setattr(_pool, "allocate_faulted", held)
 
@@ -292,3 +298,68 @@ def test_a_set_the_pool_lets_go_is_freed_with_the_views_it_kept():
     assert [ref.expired() for ref in freed] == [True, False]  # the small set was replaced
     pool.close()
     assert [ref.expired() for ref in freed] == [True, True]
+
+
+def test_faulting_in_asks_before_each_chunk_whether_to_stop(monkeypatch):
+    monkeypatch.setattr(memory, "FAULT_CHUNK_BYTES", 1024)
+    asked = []
+
+    def stopped() -> bool:
+        asked.append(True)
+        return len(asked) > 2  # two chunks, then stop
+
+    assert memory.allocate_faulted(4 * 1024 + 1, pinned=False, stopped=stopped) is None
+    assert len(asked) == 3
+    whole = memory.allocate_faulted(4 * 1024 + 1, pinned=False, stopped=lambda: False)
+    assert whole is not None and whole.numel() == 4 * 1024 + 1 and not whole.any()
+
+
+@pytest.mark.timeout(30)
+def test_close_stops_a_preparation_between_chunks_and_joins_its_thread(monkeypatch):
+    monkeypatch.setattr(memory, "FAULT_CHUNK_BYTES", 1024)
+    gate = ChunkGate(monkeypatch, at=2)
+    pool = BufferPool(2, prepare_spares=True)
+    thread = pool.prepare_spares(8 * 1024, pinned=False)
+    assert thread is not None
+    assert gate.waiting.wait(10)  # one chunk zeroed; the question before the second waits
+    described = "buffer preparation of 8192 bytes"
+    assert described in exit_guard.running()
+
+    assert pool.close() is False  # never blocks: the preparation is stopped, not yet done
+    assert pool.unfinished() == [described]
+    gate.go.set()
+    assert pool.close(timeout=10) is True
+
+    assert not thread.is_alive()
+    assert gate.checks == 2  # no chunk zeroed after the close, no other set started
+    assert pool.unfinished() == []
+    stats = pool.statistics()
+    assert (stats.sets, stats.prepared, stats.preparing, stats.free) == (0, 0, 0, 0)
+    assert described not in exit_guard.running()
+    assert pool.prepare_spares(8 * 1024, pinned=False) is None
+
+
+@pytest.mark.timeout(30)
+def test_a_lease_of_a_stopped_preparation_copies_into_memory_of_its_own(monkeypatch):
+    model = tiny_llama()
+    plan = plan_state(model)
+    gate = ChunkGate(monkeypatch, at=1)
+    pool = BufferPool(1)
+    preparing = threading.Thread(target=pool.prepare, args=(plan.buffer_nbytes,),
+                                 kwargs={"pinned": False})
+    preparing.start()
+    assert gate.waiting.wait(10)
+    lease = lease_for(pool, model)  # takes the set being prepared
+
+    assert pool.close() is False
+    gate.go.set()
+    preparing.join(10)
+    weights = capture(model, buffers=lease)
+    try:
+        state = model.state_dict()
+        assert weights.tensors
+        for name, tensor in weights.tensors.items():
+            assert torch.equal(tensor, state[name]), name
+    finally:
+        weights.release()
+    assert pool.statistics().sets == 0

@@ -12,6 +12,9 @@ Sets can also be *prepared*: allocated and faulted in ahead of any copy, by ``pr
 blocks its caller) or by ``prepare_spares`` (in a background thread, once the first copy
 showed how large a set must be). A lease that finds a set still being prepared takes it and
 waits for it at ``BufferLease.buffer``, never longer than faulting the set in itself.
+``close`` stops the preparations under way within a chunk of faulting in and can wait for
+them: a thread left inside torch when the interpreter finalizes aborts the process (see
+:mod:`actorsys.runtime.exit_guard`, which stops them at exit too).
 
 The pool is thread-safe: the trainer's thread (or a host thread) leases and fills a set, the
 trio thread releases it, an export thread abandoned at a timeout may be the last to let go,
@@ -22,11 +25,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 import torch
 
 from actorsys.outcome import PoolStatistics
+from actorsys.runtime import exit_guard
 from actorsys.snapshot._adapters.kept import KeptBase
 from actorsys.snapshot._pool.lease import BufferLease
 from actorsys.snapshot._pool.memory import Preparation, allocate_faulted
@@ -67,6 +72,8 @@ class BufferPool:
         self._allocations = 0
         self._prepared = 0
         self._closed = False
+        self._stop = threading.Event()
+        """Set by ``close`` (or at exit): preparations stop at their next chunk, none starts."""
         self._layouts: dict[int, tuple[torch.Tensor, object, dict[str, torch.Tensor]]] = {}
         """A set's views laid out for one plan (see ``BufferLease.views``), by the set's id.
         An entry holds its set, so the id is not reused while it is there; it goes when the
@@ -111,12 +118,11 @@ class BufferPool:
         Blocks the calling thread for the allocations (page faults: about one copy of
         ``nbytes`` into fresh memory per set), and until preparations already under way are
         done. Idle sets that do not fit are replaced; leased sets are left alone. Returns how
-        many sets this call prepared.
+        many sets this call prepared: ``close`` stops it at the next chunk of faulting in.
         """
         made = 0
         while (preparation := self._start_preparation(nbytes, pinned)) is not None:
-            self._run_preparation(preparation)
-            made += 1
+            made += self._run_preparation(preparation)
         with self._lock:
             pending = [p for p in self._preparing if p.nbytes >= nbytes]
         for preparation in pending:
@@ -142,7 +148,8 @@ class BufferPool:
                 daemon=True,
             )
             self._preparer = thread
-        thread.start()
+            # Started under the lock, so that ``close`` never sees a thread it cannot join.
+            thread.start()
         return thread
 
     def wait_prepared(self) -> None:
@@ -152,15 +159,36 @@ class BufferPool:
         if thread is not None:
             thread.join()
 
-    def close(self) -> None:
-        """Drop the idle sets; sets still leased (or being prepared) are dropped when given
-        back (or done)."""
+    def close(self, timeout: float = 0.0) -> bool:
+        """Stop the preparations under way, drop the idle sets, and wait up to ``timeout``
+        seconds for the preparations (and the background thread) to end. Returns whether
+        they all ended; :meth:`unfinished` names those that did not.
+
+        Blocks the calling thread for that wait only (``timeout=0``: never blocks). Each
+        preparation stops within one chunk of faulting in (tens of milliseconds), except a
+        pinned set, whose page-locking is one call. Sets still leased are dropped when given
+        back. Idempotent.
+        """
         with self._lock:
             self._closed = True
+            self._stop.set()
             self._sets -= len(self._free)
             self._free.clear()
             self._layouts.clear()
+            preparing = list(self._preparing)
+            thread = self._preparer
         self.kept.clear()
+        deadline = time.monotonic() + timeout
+        for preparation in preparing:
+            preparation.done.wait(max(0.0, deadline - time.monotonic()))
+        if thread is not None:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return not self.unfinished() and (thread is None or not thread.is_alive())
+
+    def unfinished(self) -> list[str]:
+        """The preparations still under way, by description (for ``stuck_threads``)."""
+        with self._lock:
+            return [preparation.description for preparation in self._preparing]
 
     def statistics(self) -> PoolStatistics:
         kept, kept_nbytes, kept_copied = self.kept.statistics()
@@ -180,7 +208,7 @@ class BufferPool:
 
     def _start_preparation(self, nbytes: int, pinned: bool) -> Preparation | None:
         with self._lock:
-            if self._closed:
+            if self._closed or self._stop.is_set():
                 return None
             if self._sets < self.max_sets:
                 self._sets += 1
@@ -195,10 +223,14 @@ class BufferPool:
             self._preparing.append(preparation)
             return preparation
 
-    def _run_preparation(self, preparation: Preparation) -> None:
+    def _run_preparation(self, preparation: Preparation) -> bool:
+        """Fault ``preparation``'s set in and hand it on; False if it was stopped first."""
         buffer: torch.Tensor | None = None
         try:
-            buffer = allocate_faulted(preparation.nbytes, pinned=preparation.pinned)
+            with exit_guard.guarded(preparation.description, stop=self._stop.set):
+                buffer = allocate_faulted(
+                    preparation.nbytes, pinned=preparation.pinned, stopped=self._stop.is_set
+                )
         finally:
             with self._lock:
                 self._preparing.remove(preparation)
@@ -214,6 +246,7 @@ class BufferPool:
             preparation.done.set()
         if not claimed and self._on_free is not None:
             self._on_free()
+        return buffer is not None
 
     def _prepare_quietly(self, nbytes: int, pinned: bool) -> None:
         try:

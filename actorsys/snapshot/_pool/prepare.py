@@ -20,7 +20,7 @@ import torch
 import trio
 
 from actorsys._errors import ConfigError, UnsupportedModelError
-from actorsys.runtime import ThreadTracker, run_blocking
+from actorsys.runtime import ThreadTracker, exit_guard, run_blocking
 from actorsys.snapshot import _conversions
 from actorsys.snapshot._pool.pool import BufferPool, PoolStatistics
 from actorsys.snapshot._state import Source, StatePlan, plan_state
@@ -120,13 +120,15 @@ def prepare_like_checkpoint(pool: BufferPool, path: str) -> threading.Thread:
     memory already mapped, with no call from the trainer. Never blocks.
 
     A guess, never a commitment: weights of another size or dtype only mean a first copy into
-    fresh memory, as without it; a set too small is replaced when it is leased.
+    fresh memory, as without it; a set too small is replaced when it is leased. The faulting
+    in runs in the pool's own preparation thread, which ``pool.close`` stops.
     """
 
     def run() -> None:
-        nbytes = checkpoint_buffer_nbytes(path)
-        if nbytes:
-            pool.prepare_spares(nbytes, pinned=False)
+        with exit_guard.guarded(f"buffer sizing of {path}"):
+            nbytes = checkpoint_buffer_nbytes(path)
+            if nbytes:
+                pool.prepare_spares(nbytes, pinned=False)
 
     thread = threading.Thread(target=run, name="actorsys buffer sizing", daemon=True)
     thread.start()
