@@ -77,6 +77,12 @@ class EvalConfig:
       ``<=`` for ``"min"``). ``patience``: ``should_stop`` turns True after that many ok points
       in a row that do not improve ``best_metric`` (points without it do not count).
     - ``eval_interval`` and ``skip_eval_before_train``, miles' cadence: see :meth:`due`.
+    - ``resume``: a supervisor that opens the ``hf_dir`` of a run that crashed evaluates again
+      the points that run admitted and never settled whose snapshots are complete, at their
+      own steps, before new points; in reuse mode from the trainer's checkpoints
+      (:mod:`actorsys._core.resume`). Either way the supervisor keeps a journal of its points
+      (:mod:`actorsys._core.journal`), and without ``resume`` what a crashed run left unsettled
+      is retired. Needs ``hf_dir`` or ``save_hf``, where the journal is kept.
     """
 
     hf_dir: str | os.PathLike[str] | None = None
@@ -103,6 +109,7 @@ class EvalConfig:
     patience: int | None = None
     eval_interval: int | None = None
     skip_eval_before_train: bool = False
+    resume: bool = False
 
     def __post_init__(self) -> None:
         for name in ("hf_dir", "base_checkpoint"):
@@ -157,6 +164,11 @@ class EvalConfig:
             raise ConfigError(
                 "skip_eval_before_train", f"expected True or False, got {self.skip_eval_before_train!r}"
             )
+        if not isinstance(self.resume, bool):
+            raise ConfigError("resume", f"expected True or False, got {self.resume!r}")
+        if self.resume and self.hf_dir is None and self.save_hf is None:
+            raise ConfigError("resume", "needs hf_dir (or save_hf in reuse mode), where the "
+                                        "journal of the points it resumes is kept")
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:

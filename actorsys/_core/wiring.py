@@ -24,6 +24,7 @@ from typing import Any
 import trio
 
 from actorsys._core.admission import Admission
+from actorsys._core.journal import Journal
 from actorsys._errors import ConfigError
 from actorsys.actors.exporter import Exporter
 from actorsys.actors.flight import Flight
@@ -94,9 +95,11 @@ def wire(
     on_give_up: Callable[[Exception], None],
     staging_dir: str | None,
     tracker: ThreadTracker,
+    journal: Journal | None = None,
 ) -> Wiring:
     """Build the actors of one supervisor (in the trio thread that will run them), exporting
-    into ``staging_dir`` (already claimed and prepared, :mod:`actorsys._core.staging_claim`)."""
+    into ``staging_dir`` (already claimed and prepared, :mod:`actorsys._core.staging_claim`)
+    and journaling its points in ``journal``."""
     flight = Flight()
     buffers = BufferPool(
         config.max_in_flight, on_free=flight.wake_from_any_thread, prepare_spares=True
@@ -106,8 +109,10 @@ def wire(
     export_send, export_recv = trio.open_memory_channel[Point](math.inf)
     pin_send, pin_recv = trio.open_memory_channel[Point](math.inf)
     eval_send, eval_recv = trio.open_memory_channel[Point](math.inf)
-    retirer = Retirer(config, flight, sink, tracker, staging_dir=staging_dir)
-    admission = Admission(config, flight, retirer, staging_dir, buffers, export_send, tracker)
+    retirer = Retirer(config, flight, sink, tracker, staging_dir=staging_dir, journal=journal)
+    admission = Admission(
+        config, flight, retirer, staging_dir, buffers, export_send, tracker, journal=journal
+    )
     exporter = Exporter(config, flight, retirer, staging_dir, tracker, disk=admission.disk)
     fleet_returns, idle_fleets = fleet_pool(fleets)
     probed = config.probe and any(
