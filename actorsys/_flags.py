@@ -111,7 +111,7 @@ FLAGS = (
          "do not evaluate step 0", switch=True),
     Flag("--eval-resume", "resume", bool, None,
          "after a crash, evaluate again the points the crashed run admitted and never settled "
-         "whose snapshots are complete (from the journal in --eval-hf-dir, or beside the "
+         "whose snapshots are complete (from the journal in the staging dir, or beside the "
          "--save-hf checkpoints), before new points", switch=True),
 )
 
