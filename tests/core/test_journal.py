@@ -8,8 +8,10 @@ import os
 from pathlib import Path
 
 import pytest
+import trio
 
 from actorsys import EvalConfig, EvalSupervisor, MemorySink
+from actorsys import staging as snapshots
 from actorsys._core.journal import (
     JOURNAL_NAME,
     REUSE_JOURNAL_NAME,
@@ -116,3 +118,26 @@ def test_reuse_mode_keeps_its_journal_beside_the_trainers_checkpoints(
 def test_the_staging_dir_holds_the_journal_and_without_either_dir_there_is_none() -> None:
     assert journal_path(EvalConfig(hf_dir="/x"), "/x") == "/x/journal.jsonl"
     assert journal_path(EvalConfig(), None) is None
+
+
+async def test_a_snapshot_is_deleted_only_once_the_line_that_settles_its_point_is_on_disk(
+    staging: Path, sink: MemorySink, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def never_writes(self: Journal) -> None:  # only the Retirer's delete thread writes now
+        await trio.sleep_forever()
+
+    on_disk_at_delete: list[tuple[str, list[tuple[object, object]]]] = []
+    retire = snapshots.retire
+
+    def watched_retire(path: str) -> None:
+        journal = staging / JOURNAL_NAME
+        on_disk_at_delete.append((os.path.basename(path), events(journal) if journal.exists() else []))
+        retire(path)
+
+    monkeypatch.setattr(Journal, "run", never_writes)
+    monkeypatch.setattr(snapshots, "retire", watched_retire)
+    config = EvalConfig(hf_dir=staging, keep_snapshots=0)
+    async with EvalSupervisor.open(config, eval_fn=SkippingEval("not_today"), sink=sink) as sup:
+        await sup.submit(1, export=written_export)
+        await sup.drain()
+    assert on_disk_at_delete == [("step_1", [("admitted", 1), ("settled", 1)])]
