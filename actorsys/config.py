@@ -95,6 +95,15 @@ class EvalConfig:
       ``served`` points admitted before it: ``"wait"`` for them to settle, for at most
       ``shared_update_timeout`` seconds, then cut what is left; ``"preempt"`` cut them at
       once (``preempted`` if evaluating, ``superseded`` if not).
+
+    Resuming:
+
+    - ``resume``: a supervisor that opens the ``hf_dir`` of a run that crashed evaluates again
+      the points that run admitted and never settled whose snapshots are complete, at their
+      own steps, before new points; in reuse mode from the trainer's checkpoints
+      (:mod:`actorsys._core.resume`). Either way the supervisor keeps a journal of its points
+      (:mod:`actorsys._core.journal`), and without ``resume`` what a crashed run left unsettled
+      is retired. Needs ``hf_dir`` or ``save_hf``, where the journal is kept.
     """
 
     hf_dir: str | os.PathLike[str] | None = None
@@ -123,6 +132,7 @@ class EvalConfig:
     skip_eval_before_train: bool = False
     shared_update: SharedUpdate = "wait"
     shared_update_timeout: float = 60.0
+    resume: bool = False
 
     def __post_init__(self) -> None:
         for name in ("hf_dir", "base_checkpoint"):
@@ -182,6 +192,11 @@ class EvalConfig:
             raise ConfigError(
                 "skip_eval_before_train", f"expected True or False, got {self.skip_eval_before_train!r}"
             )
+        if not isinstance(self.resume, bool):
+            raise ConfigError("resume", f"expected True or False, got {self.resume!r}")
+        if self.resume and self.hf_dir is None and self.save_hf is None:
+            raise ConfigError("resume", "needs hf_dir (or save_hf in reuse mode), where the "
+                                        "journal of the points it resumes is kept")
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:

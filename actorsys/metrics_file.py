@@ -47,6 +47,15 @@ def read_points(path: str | os.PathLike[str]) -> list[Point]:
     return points
 
 
+def last_of_each_step(points: Sequence[Point]) -> list[Point]:
+    """The last point of each step in ``points`` (file order), by step. A file may hold a step
+    twice: a supervisor that resumes after a crash evaluates again a point whose outcome
+    reached the sink just before the crash, and a trainer resumed from an earlier checkpoint
+    submits its steps again; the later line is the one that stands."""
+    last = {point.step: point for point in points}
+    return [last[step] for step in sorted(last)]
+
+
 def _point(row: dict[str, Any]) -> Point:
     metrics = {
         k: float(v)

@@ -5,16 +5,23 @@ Between reserve and launch (the weight copy, in whichever thread the caller is o
 is *reserved*; ``launch`` turns it into the point's ticket, ``release`` gives it back. A point
 refused at admission (``busy``, ``disk_budget``, or a launch after close) is settled by the
 Retirer at once and never enters the pipeline.
+
+Each launched point is told to the supervisor's journal (:mod:`actorsys._core.journal`). The
+points a crashed run left unsettled that are evaluated again (:mod:`actorsys._core.resume`)
+enter at open through :meth:`Admission.resume`, ahead of any ``submit``, and take no slot
+(their snapshots exist already); a ``submit`` of one of their steps admits nothing.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import trio
 
 from actorsys._core.disk_room import DiskRoom
+from actorsys._core.journal import Journal
 from actorsys._core.submit import DEDICATED_ONLY, FleetKinds, SubmitRequest, check_submit
 from actorsys._errors import SupervisorClosedError, SupervisorGaveUpError
 from actorsys.actors.flight import Flight
@@ -55,8 +62,11 @@ class Admission:
         fleets: FleetKinds = DEDICATED_ONLY,
         served_send: trio.MemorySendChannel[Point] | None = None,
         gate: WeightGate | None = None,
+        journal: Journal | None = None,
     ) -> None:
         self.config = config
+        self.journal = journal
+        self.resumed: set[int] = set()
         self.flight = flight
         self.retirer = retirer
         self.staging_dir = staging_dir
@@ -82,9 +92,14 @@ class Admission:
     async def reserve(self, request: SubmitRequest) -> Reservation | None:
         """Validate, wait for a slot, check the disk, lease a buffer set for the weights.
 
-        None if the point settled at once instead. Cancelling the wait admits nothing.
+        None if the point settled at once instead, or its step is being resumed. Cancelling
+        the wait admits nothing.
         """
         self.check_open()
+        if request.step in self.resumed:
+            log.info("step %d is evaluated from the snapshot of the run that crashed; this "
+                     "submit admits nothing", request.step)
+            return None
         point, plan = check_submit(request, self.config, self._steps, self.fleets)
         nbytes = 0 if plan is None else plan.nbytes
         self._steps.add(point.step)
@@ -132,6 +147,8 @@ class Admission:
             return False
         point = point.but(weights=weights)
         ticket = self.flight.admit(point)
+        if self.journal is not None:
+            self.journal.admitted(point)
         if point.source is Source.SERVED:
             # Nothing to export: straight to the shared fleets' pinner, in the gate's order.
             assert self._served_send is not None and self.gate is not None
@@ -142,6 +159,18 @@ class Admission:
             self._export_send.send_nowait(point)
         log.info("step %d admitted (%s)", point.step, point.source.value)
         return True
+
+    def resume(self, points: Sequence[Point]) -> None:
+        """Launch ``points``, a crashed run's, to be evaluated again ahead of any new point
+        (:mod:`actorsys._core.resume`). Sync; at open, before the first ``submit``."""
+        for point in points:
+            self._steps.add(point.step)
+            self.resumed.add(point.step)
+            self.flight.admit(point)
+            if self.journal is not None:
+                self.journal.admitted(point, resumed=True)
+            self._export_send.send_nowait(point)
+            log.info("step %d resumed (%s)", point.step, point.source.value)
 
     def release(self, reservation: Reservation) -> None:
         """Give back a reservation that will not be launched; the step may be submitted again."""

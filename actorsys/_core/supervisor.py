@@ -33,6 +33,7 @@ from actorsys._core.collective.admission import decide
 from actorsys._core.collective.contribution import Contribution
 from actorsys._core.collective.protocol import Collective
 from actorsys._core.decisions import Decisions
+from actorsys._core.resume import Resumption, open_journal
 from actorsys._core.staging_claim import StagingClaim, open_staging
 from actorsys._core.submit import SubmitArguments, SubmitRequest
 from actorsys._core.supervisor_start import join_collective, release_claim, run_actors, warm_up
@@ -103,7 +104,9 @@ class EvalSupervisor(Decisions):
         ``ConfigError``, naming the holder's pid) if another live supervisor holds ``hf_dir``.
         At start, in a worker thread, the staging dir is claimed (an OS lock, released when
         the block is left) and the tmp directories an earlier crashed run left there are
-        removed (:mod:`actorsys._core.staging_claim`).
+        removed (:mod:`actorsys._core.staging_claim`); then the journal is read, and the points
+        a crashed run left unsettled are evaluated again (``resume``) or retired
+        (:mod:`actorsys._core.resume`).
 
         In a ``torch.distributed`` job of several ranks the open is collective (see
         :mod:`actorsys._core.collective.protocol`): it returns once every rank opened, and raises
@@ -118,7 +121,13 @@ class EvalSupervisor(Decisions):
         try:
             if config.staging_dir is not None:
                 claim = await open_staging(config.staging_dir, tracker, lock=not sup._contributing)
-            async with sup._run(claim, tracker):
+            resumption = Resumption(None)
+            if not sup._contributing:
+                resumption = await open_journal(
+                    config, None if claim is None else claim.path, tracker,
+                    collective=sup._collective is not None,
+                )
+            async with sup._run(claim, tracker, resumption):
                 yield sup
         finally:
             if sup._collective is not None and sup._wiring is None:
@@ -132,14 +141,15 @@ class EvalSupervisor(Decisions):
         return self._collective is not None and not self._collective.evaluating
 
     def _run(
-        self, claim: StagingClaim | None, tracker: ThreadTracker
+        self, claim: StagingClaim | None, tracker: ThreadTracker, resumption: Resumption
     ) -> AbstractAsyncContextManager[None]:
         staging_dir = None if claim is None else claim.path
         wiring = self._wiring = wire(
             self.config, eval_fn=self.eval_fn, sink=self.sink, fleets=self._fleets,
             on_crash=self._on_crash, on_give_up=self._on_give_up, staging_dir=staging_dir,
-            tracker=tracker,
+            tracker=tracker, journal=resumption.journal,
         )
+        wiring.admission.resume(resumption.points)
         if self._contributing:
             assert self._collective is not None
             self._contribution = Contribution(self._collective, wiring.buffers, wiring.tracker)

@@ -24,6 +24,7 @@ from typing import Any
 import trio
 
 from actorsys._core.admission import Admission
+from actorsys._core.journal import Journal
 from actorsys._core.submit import FleetKinds
 from actorsys._errors import ConfigError
 from actorsys.actors.exporter import Exporter
@@ -99,9 +100,11 @@ def wire(
     on_give_up: Callable[[Exception], None],
     staging_dir: str | None,
     tracker: ThreadTracker,
+    journal: Journal | None = None,
 ) -> Wiring:
     """Build the actors of one supervisor (in the trio thread that will run them), exporting
-    into ``staging_dir`` (already claimed and prepared, :mod:`actorsys._core.staging_claim`)."""
+    into ``staging_dir`` (already claimed and prepared, :mod:`actorsys._core.staging_claim`)
+    and journaling its points in ``journal``."""
     flight = Flight()
     buffers = BufferPool(
         config.max_in_flight, on_free=flight.wake_from_any_thread, prepare_spares=True
@@ -111,7 +114,7 @@ def wire(
     export_send, export_recv = trio.open_memory_channel[Point](math.inf)
     pin_send, pin_recv = trio.open_memory_channel[Point](math.inf)
     eval_send, eval_recv = trio.open_memory_channel[Point](math.inf)
-    retirer = Retirer(config, flight, sink, tracker, staging_dir=staging_dir)
+    retirer = Retirer(config, flight, sink, tracker, staging_dir=staging_dir, journal=journal)
     shared = [f for f in fleets if f is not None and f.shared]
     dedicated = [f for f in fleets if f is None or not f.shared]
     dedicated_returns, idle_fleets = fleet_pool(dedicated)
@@ -122,7 +125,7 @@ def wire(
     admission = Admission(
         config, flight, retirer, staging_dir, buffers, export_send, tracker,
         fleets=FleetKinds(shared=bool(shared), dedicated=bool(dedicated)),
-        served_send=served_send, gate=gate,
+        served_send=served_send, gate=gate, journal=journal,
     )
     exporter = Exporter(config, flight, retirer, staging_dir, tracker, disk=admission.disk)
     probed = config.probe and any(
@@ -185,7 +188,15 @@ def check_collaborators(
     if not isinstance(config, EvalConfig):
         raise ConfigError("config", f"expected an EvalConfig, got {type(config).__name__}")
     _check_eval_fn(eval_fn)
-    return _fleets(fleet), as_sink(sink)  # type: ignore[arg-type]
+    fleets = _fleets(fleet)
+    if config.resume and all(f is not None and f.shared for f in fleets):
+        # A crashed run's points are evaluated again from their snapshots, which only a
+        # fleet actorsys may reload can serve; resuming with none would wait forever.
+        raise ConfigError(
+            "resume", "every fleet is shared, and resumed points need one actorsys may reload; "
+            "add a dedicated fleet or drop resume"
+        )
+    return fleets, as_sink(sink)  # type: ignore[arg-type]
 
 
 def _check_eval_fn(eval_fn: Any) -> None:

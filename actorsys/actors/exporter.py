@@ -78,6 +78,9 @@ class Exporter(SequentialStage):
     async def work(self, point: Point) -> Result:
         if point.source is Source.CHECKPOINT:
             return await self._files(lambda: _check_existing(point), f"check of step {point.step}")
+        if point.snapshot is not None:
+            # Written already (a crashed run's point, evaluated again): only checked.
+            return await self._files(lambda: _check_written(point), f"check of step {point.step}")
         timeout = self.config.export_timeout
         with within(timeout) as deadline:
             return await self._write(point)
@@ -147,6 +150,16 @@ def _check_existing(point: Point) -> Result:
     if point.require_marker and not staging.is_complete(path):
         return Skip("ckpt_missing", f"{path} has no {staging.COMPLETE} marker")
     return Done(point.but(snapshot=path))
+
+
+def _check_written(point: Point) -> Result:
+    path = point.snapshot
+    assert path is not None
+    if not staging.is_ours(path) or not staging.is_complete(path):
+        # Not ours to delete either: the point goes on without it.
+        return Skip("ckpt_missing", f"{path} is no longer a complete snapshot of ours",
+                    point.but(snapshot=None))
+    return Done(point)
 
 
 def _seal_delegated(directory: str) -> bool:

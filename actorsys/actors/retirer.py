@@ -20,6 +20,11 @@ Beside the ring, the :class:`~actorsys.actors.best.BestKeeper` keeps the snapsho
 best points (``keep_best``): the Retirer deletes none it keeps, retires those it lets go
 (unless the ring still holds them), and writes ``hf_dir/best.json`` in the delete thread
 before the deletes of the same settle.
+
+Every point that settles is told to the supervisor's journal (:class:`SettleJournal`), after
+the sink: the line is queued at once, written by the journal's writer task (run in the
+Retirer's nursery) and, before any delete, by the delete thread, so a snapshot is never deleted
+while the journal on disk still shows its point unsettled.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from __future__ import annotations
 import logging
 from collections import Counter, deque
 from dataclasses import dataclass
+from typing import Protocol
 
 import trio
 
@@ -44,6 +50,22 @@ log = logging.getLogger("actorsys")
 NAME = "retirer"
 
 
+class SettleJournal(Protocol):
+    """Where settled points are journaled (the supervisor's :mod:`actorsys._core.journal`)."""
+
+    def settled(self, outcome: Outcome) -> None:
+        """Queue the line (sync, no file touched)."""
+
+    def write_pending(self) -> None:
+        """Write the queued lines (blocking: in a worker thread)."""
+
+    async def flush(self) -> None:
+        """Write the queued lines in a worker thread."""
+
+    async def run(self) -> None:
+        """Write lines as they are queued, until cancelled."""
+
+
 @dataclass(frozen=True)
 class Discard:
     """A message to the Retirer: delete what this late copy of a settled point wrote."""
@@ -57,8 +79,10 @@ class Retirer:
     def __init__(
         self, config: EvalConfig, flight: Flight, sink: Sink, tracker: ThreadTracker,
         staging_dir: str | None = None,
+        journal: SettleJournal | None = None,
     ) -> None:
         self.config = config
+        self.journal = journal
         self.flight = flight
         self.sink = sink
         self.tracker = tracker
@@ -111,9 +135,13 @@ class Retirer:
         async with inbox, trio.open_nursery() as nursery:
             self._loop_ended = trio.Event()
             nursery.start_soon(self._delete_loop)
+            if self.journal is not None:
+                nursery.start_soon(self.journal.run)
             async for message in inbox:
                 self._handle(message)
             await self._wait_deleted()
+            if self.journal is not None:
+                await self.journal.flush()
             nursery.cancel_scope.cancel()
 
     def _settle(self, point: Point) -> None:
@@ -137,6 +165,8 @@ class Retirer:
             self.sink.record(outcome)
         except Exception:
             log.exception("sink %r failed to record step %d", self.sink, point.step)
+        if self.journal is not None:
+            self.journal.settled(outcome)
         doomed = self._doomed(point, keep=outcome.ok)
         doomed += [path for path in best.displaced if path not in self.ring]
         self._queue_delete(point.step, doomed, best.record)
@@ -192,6 +222,8 @@ class Retirer:
         self._handle_queued()
         while self._deletes:
             await self._delete(*self._deletes.popleft())
+        if self.journal is not None:
+            await self.journal.flush()
 
     # -- deleting ---------------------------------------------------------------------
 
@@ -272,7 +304,10 @@ class Retirer:
         )
 
     def _retire_all(self, paths: list[str], record: bytes | None) -> None:
-        """Write ``best.json`` (first: it never names a snapshot already gone), then retire."""
+        """Write the journal's queued lines and ``best.json`` (first: neither names a snapshot
+        already gone, nor leaves a point unsettled whose snapshot is gone), then retire."""
+        if self.journal is not None:
+            self.journal.write_pending()
         if record is not None and self.best.path is not None:
             try:
                 write_record(self.best.path, record)

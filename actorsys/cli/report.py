@@ -1,5 +1,6 @@
 """'actorsys report METRICS.jsonl [--png FILE] [--compare A B]': a table of the points of a
-metrics file ('demo' and 'watch' write one; so does 'JsonlSink'), each score as
+metrics file ('demo' and 'watch' write one; so does 'JsonlSink'; of a step written twice,
+the last line), each score as
 'value ± stderr' where its standard error is known, the best point marked; a plot of the eval
 metrics by step with a band of ±1.96 standard errors; or, with --compare, whether step B
 differs from step A beyond chance (a paired test per dataset over the prompts both scored).
@@ -16,7 +17,14 @@ from collections.abc import Sequence
 
 from actorsys.cli._conventions import EXIT_USAGE, add_log_level, existing_file, setup_logging
 from actorsys.cli.compare import Comparison, compare
-from actorsys.metrics_file import Point, read_points, read_samples, score_metrics, stderr_name
+from actorsys.metrics_file import (
+    Point,
+    last_of_each_step,
+    read_points,
+    read_samples,
+    score_metrics,
+    stderr_name,
+)
 from actorsys.outcome import DURATION_SECONDS, LAG_STEPS, METRIC_PREFIX
 
 MAX_COLUMNS = 4
@@ -82,7 +90,7 @@ def run_report(args: argparse.Namespace) -> int:
     try:
         if args.compare:
             return run_compare(args.metrics, *args.compare)
-        points = read_points(args.metrics)
+        points = last_of_each_step(read_points(args.metrics))
         best = best_point(points, args.best_metric, args.best_mode, args.best_json)
     except _BadArgument as exc:
         sys.stderr.write(f"{PROG}: {exc}\n")

@@ -14,9 +14,9 @@ from actorsys.outcome import Outcome
 from actorsys.watch.policy import Catchup
 
 WATCH_OWNED_FIELDS = ("hf_dir", "save_hf", "base_checkpoint", "max_in_flight", "overflow",
-                      "keep_snapshots")
+                      "keep_snapshots", "resume")
 """The :class:`EvalConfig` fields the watcher sets itself: it evaluates checkpoints in place,
-one per fleet at a time, and never drops or deletes one."""
+one per fleet at a time, never drops or deletes one, and resumes from its own ledger."""
 
 
 @dataclass(frozen=True)

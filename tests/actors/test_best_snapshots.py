@@ -108,7 +108,8 @@ async def test_reuse_mode_names_the_trainers_checkpoints_and_deletes_none(tmp_pa
             await sup.drain()
         assert sup.protected_steps() == {2}
     assert sup.best() == [BestPoint(2, 0.8, str(tmp_path / "ckpt" / "2"))]
-    assert sorted(os.listdir(tmp_path / "ckpt")) == ["1", "2", "3"]
+    # The journal of reuse mode lies beside the checkpoints; none of them is touched.
+    assert sorted(os.listdir(tmp_path / "ckpt")) == [".actorsys-journal.jsonl", "1", "2", "3"]
     for step in (1, 2, 3):
         assert (tmp_path / "ckpt" / str(step) / "model.safetensors").is_file()
 

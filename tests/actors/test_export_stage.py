@@ -64,7 +64,7 @@ async def test_delegated_export_without_weights_is_export_failed(staging: Path, 
         await sup.submit(1, export=export)
     outcome = sink.by_step()[1]
     assert outcome.reason == "export_failed" and "no weight files" in outcome.data["error"]
-    assert os.listdir(staging) == []
+    assert os.listdir(staging) == ["journal.jsonl"]
 
 
 async def test_export_timeout_settles_and_removes_the_partial_dir(
@@ -84,7 +84,7 @@ async def test_export_timeout_settles_and_removes_the_partial_dir(
     outcome = sink.by_step()[1]
     assert outcome.reason == "export_timeout"
     assert outcome.metrics["eval/export_time_seconds"] == 30
-    assert os.listdir(staging) == []
+    assert os.listdir(staging) == ["journal.jsonl"]
 
 
 async def test_restarted_run_replaces_its_own_stale_snapshot(staging: Path, sink: MemorySink) -> None:

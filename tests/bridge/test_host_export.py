@@ -85,6 +85,6 @@ def test_an_asyncio_export_past_its_deadline_is_cancelled_on_the_hosts_loop(
             await asyncio.wait_for(cancelled.wait(), timeout=20)
             assert (await bridge.drain(timeout=20)).pending == []
         assert [(o.step, o.reason) for o in sink.outcomes] == [(1, "export_timeout")]
-        assert sorted(os.listdir(tmp_path / "staging")) == []
+        assert sorted(os.listdir(tmp_path / "staging")) == ["journal.jsonl"]
 
     asyncio.run(host())

@@ -71,7 +71,7 @@ def test_a_second_watch_on_the_same_out_is_one_line_naming_the_holders_pid(
 
 
 @pytest.mark.parametrize("flag", [["--eval-hf-dir", "/tmp/x"], ["--eval-max-in-flight", "4"],
-                                  ["--eval-keep-snapshots", "3"]])
+                                  ["--eval-keep-snapshots", "3"], ["--eval-resume"]])
 def test_an_eval_flag_watch_sets_itself_is_refused(
     tmp_path: Path, data: Path, flag: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -122,5 +122,5 @@ def test_watch_help_lists_the_shared_eval_flags_and_not_those_watch_sets(
     for flag in ("--eval-timeout", "--eval-pin-timeout", "--eval-close-timeout", "--eval-probe",
                  "--eval-prompt-data", "--marker"):
         assert flag in text
-    for flag in ("--eval-hf-dir", "--eval-max-in-flight", "--eval-keep-snapshots"):
+    for flag in ("--eval-hf-dir", "--eval-max-in-flight", "--eval-keep-snapshots", "--eval-resume"):
         assert flag not in text

@@ -99,7 +99,7 @@ async def test_latest_supersedes_queued_points_not_yet_pinned(staging: Path, sin
         await sup.drain()
     assert [(o.step, o.status) for o in sink.outcomes][1:] == [(1, "ok"), (3, "ok")]
     assert eval_fn.started == [1, 3]
-    assert sorted(p.name for p in staging.iterdir()) == ["step_1", "step_3"]
+    assert sorted(p.name for p in staging.iterdir()) == ["journal.jsonl", "step_1", "step_3"]
 
 
 async def test_latest_never_supersedes_a_forced_point(staging: Path, sink: MemorySink) -> None:

@@ -149,6 +149,16 @@ async def test_a_point_no_fleet_takes_is_a_config_error_that_changes_nothing(
     assert [(o.step, o.status) for o in sink.outcomes] == [(1, "ok")]
 
 
+def test_resume_with_only_shared_fleets_is_a_config_error(staging: Path) -> None:
+    # resumed points are evaluated from snapshots, which a shared fleet never loads
+    with pytest.raises(ConfigError, match="resume"):
+        EvalSupervisor(EvalConfig(hf_dir=staging, resume=True), eval_fn=RecordingEval(),
+                       fleet=Fleet([SharedEngine("rollout")], shared=True))
+    both = [Fleet([SharedEngine("rollout")], shared=True), Fleet([FakeEngine("e")])]
+    assert EvalSupervisor(EvalConfig(hf_dir=staging, resume=True), eval_fn=RecordingEval(),
+                          fleet=both)
+
+
 async def test_a_shared_fleet_is_read_again_until_it_serves_the_version_then_pin_violation(
     autojump_clock: trio.testing.MockClock, sink: MemorySink
 ) -> None:

@@ -53,7 +53,7 @@ async def test_the_staging_dir_is_free_again_once_its_supervisor_closed(
     async with EvalSupervisor.open(config, eval_fn=RecordingEval(), sink=sink) as sup:
         await sup.submit(2, export=written_export)
     assert [o.step for o in sink.outcomes if o.ok] == [1, 2]
-    assert os.listdir(staging) == []
+    assert os.listdir(staging) == ["journal.jsonl"]
 
 
 def _hold_then_die(path: str, held: Any, die: Any) -> None:

@@ -31,7 +31,7 @@ def test_example_evaluates_every_k_steps_and_exits_cleanly(script: str, tmp_path
     assert outcomes[30]["metrics"]["eval/loss"] < outcomes[10]["metrics"]["eval/loss"]
     assert outcomes[30]["weight_version"] == "30"
     assert report["close"]["clean"]
-    assert sorted(p.name for p in (tmp_path / "staging").iterdir()) == ["step_30"]
+    assert sorted(p.name for p in (tmp_path / "staging").iterdir()) == ["journal.jsonl", "step_30"]
 
 
 @pytest.mark.slow
@@ -50,7 +50,7 @@ def test_fsdp_example_evaluates_the_sharded_model_on_the_evaluating_rank(tmp_pat
     assert all(o["status"] == "ok" for o in outcomes.values())
     assert outcomes[20]["metrics"]["eval/loss"] < outcomes[10]["metrics"]["eval/loss"]
     assert report["close"]["clean"]
-    assert sorted(p.name for p in (tmp_path / "staging").iterdir()) == ["step_20"]
+    assert sorted(p.name for p in (tmp_path / "staging").iterdir()) == ["journal.jsonl", "step_20"]
 
 
 @pytest.mark.slow

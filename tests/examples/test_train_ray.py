@@ -48,4 +48,4 @@ def test_ray_trainer_exports_shards_from_both_workers_and_evaluates_them_on_ray(
     accuracy = {step: o["metrics"]["eval/next_words_acc"] for step, o in outcomes.items()}
     assert accuracy[20] > accuracy[0]
     assert report["close"]["clean"]
-    assert sorted(p.name for p in (tmp_path / "staging").iterdir()) == ["step_20"]
+    assert sorted(p.name for p in (tmp_path / "staging").iterdir()) == ["journal.jsonl", "step_20"]

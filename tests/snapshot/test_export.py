@@ -160,12 +160,12 @@ async def test_disk_full_during_the_write_settles_export_failed_and_leaves_nothi
             os.remove(filler)
             assert await sup.submit(2, model=model)
             await sup.drain()
-            listing = [name for name in os.listdir(hf) if name != LOCK_NAME]
+            listing = sorted(name for name in os.listdir(hf) if name != LOCK_NAME)
 
         assert failed.reason == "export_failed"
         assert "No space left on device" in failed.data["error"]
         assert sink.by_step()[2].ok
-        assert listing == ["step_2"]
+        assert listing == ["journal.jsonl", "step_2"]
         assert same_state(model, before)
 
 
@@ -194,7 +194,7 @@ async def test_os_errors_during_the_write_settle_export_failed_and_leave_nothing
     outcome = sink.by_step()[1]
     assert outcome.reason == "export_failed"
     assert os.strerror(code) in outcome.data["error"]
-    assert os.listdir(tmp_path / "hf") == []
+    assert os.listdir(tmp_path / "hf") == ["journal.jsonl"]
     assert restarts == 0
     assert same_state(model, before)
 
@@ -235,7 +235,7 @@ async def test_tmp_dir_removed_during_the_write_settles_export_failed(tmp_path, 
     outcome = sink.by_step()[1]
     assert outcome.reason == "export_failed"
     assert "No such file or directory" in outcome.data["error"]
-    assert os.listdir(tmp_path / "hf") == []
+    assert os.listdir(tmp_path / "hf") == ["journal.jsonl"]
 
 
 @pytest.mark.timeout(60)
@@ -268,7 +268,7 @@ async def test_disk_budget_skips_the_point_without_copying(tmp_path, monkeypatch
     assert admitted is False
     assert sink.by_step()[1].reason == "disk_budget"
     assert copies == []
-    assert listing == []
+    assert listing == ["journal.jsonl"]
 
 
 @pytest.mark.timeout(60)
@@ -286,7 +286,7 @@ async def test_delegated_export_that_writes_no_weights_settles_export_failed(tmp
     outcome = sink.by_step()[1]
     assert outcome.reason == "export_failed"
     assert "wrote no weight files" in outcome.data["error"]
-    assert os.listdir(tmp_path / "hf") == []
+    assert os.listdir(tmp_path / "hf") == ["journal.jsonl"]
 
 
 @pytest.mark.timeout(60)
@@ -412,7 +412,7 @@ async def test_superseded_write_keeps_its_buffers_until_its_thread_stops(tmp_pat
 
     assert admitted == [True]
     assert torch.equal(sink.by_step()[1].data["logits"], expected)
-    assert os.listdir(tmp_path / "hf") == ["step_1"]
+    assert sorted(os.listdir(tmp_path / "hf")) == ["journal.jsonl", "step_1"]
 
 
 async def test_export_timeout_abandons_the_write_and_its_buffers_stay_out_of_reach(
@@ -443,4 +443,4 @@ async def test_export_timeout_abandons_the_write_and_its_buffers_stay_out_of_rea
         await sup.drain()
 
     assert sink.by_step()[2].ok
-    assert os.listdir(tmp_path / "hf") == ["step_2"]
+    assert sorted(os.listdir(tmp_path / "hf")) == ["journal.jsonl", "step_2"]
