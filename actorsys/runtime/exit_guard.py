@@ -66,6 +66,31 @@ def guarded(description: str, *, stop: Callable[[], None] | None = None) -> Iter
         entry.ended.set()
 
 
+def start_thread(
+    target: Callable[[], None], *, name: str, description: str,
+    stop: Callable[[], None] | None = None,
+) -> threading.Thread:
+    """Start ``target`` in a daemon thread, registered from before it starts until it
+    returns: an exit that begins between the start and the thread's first step still waits
+    for it (a registration made inside the thread could come too late). Never blocks."""
+    registration = guarded(description, stop=stop)
+    registration.__enter__()
+
+    def run() -> None:
+        try:
+            target()
+        finally:
+            registration.__exit__(None, None, None)
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    try:
+        thread.start()
+    except BaseException:
+        registration.__exit__(None, None, None)
+        raise
+    return thread
+
+
 def running() -> list[str]:
     """What is registered now, by description."""
     with _lock:

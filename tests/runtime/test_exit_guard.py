@@ -78,3 +78,38 @@ def test_a_stop_that_fails_is_logged_and_the_others_are_still_asked(
     assert {"failing stop", "other"} <= set(left)
     assert asked == ["other"]
     assert any("stopping failing stop at exit failed" in r.getMessage() for r in caplog.records)
+
+
+STARTED_AT_EXIT = """
+import threading
+from actorsys.runtime import exit_guard
+
+stop = threading.Event()
+
+def work():
+    stop.wait()
+    print("stopped at exit", flush=True)
+
+exit_guard.start_thread(work, name="late", description="late work", stop=stop.set)
+print("leaving main", flush=True)
+"""
+
+
+def test_a_thread_started_just_before_exit_is_waited_for_before_its_first_step() -> None:
+    # main leaves at once: only a registration made before the thread starts covers it
+    done = subprocess.run(
+        [sys.executable, "-c", STARTED_AT_EXIT], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["leaving main", "stopped at exit"]
+
+
+def test_start_thread_registers_until_its_target_returns() -> None:
+    import threading
+
+    go = threading.Event()
+    thread = exit_guard.start_thread(go.wait, name="t", description="waiting work")
+    assert "waiting work" in exit_guard.running()
+    go.set()
+    thread.join(timeout=30)
+    assert "waiting work" not in exit_guard.running()

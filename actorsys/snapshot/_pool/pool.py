@@ -121,8 +121,11 @@ class BufferPool:
         many sets this call prepared: ``close`` stops it at the next chunk of faulting in.
         """
         made = 0
-        while (preparation := self._start_preparation(nbytes, pinned)) is not None:
-            made += self._run_preparation(preparation)
+        # Registered for the whole loop, not only for each set: an exit between two sets
+        # must stop the next one from starting, not find nothing running and go on.
+        with exit_guard.guarded(f"buffer preparation of {nbytes} bytes", stop=self._stop.set):
+            while (preparation := self._start_preparation(nbytes, pinned)) is not None:
+                made += self._run_preparation(preparation)
         with self._lock:
             pending = [p for p in self._preparing if p.nbytes >= nbytes]
         for preparation in pending:
@@ -141,15 +144,14 @@ class BufferPool:
             leased = self._sets - len(self._free) - len(self._preparing)
             if fitting + leased >= self.max_sets:
                 return None
-            thread = threading.Thread(
-                target=self._prepare_quietly,
-                args=(nbytes, pinned),
+            # Started under the lock, so that ``close`` never sees a thread it cannot join;
+            # registered with the exit guard before it starts.
+            thread = exit_guard.start_thread(
+                lambda: self._prepare_quietly(nbytes, pinned),
                 name="actorsys buffer preparation",
-                daemon=True,
+                description=f"buffer preparation of {nbytes} bytes", stop=self._stop.set,
             )
             self._preparer = thread
-            # Started under the lock, so that ``close`` never sees a thread it cannot join.
-            thread.start()
         return thread
 
     def wait_prepared(self) -> None:

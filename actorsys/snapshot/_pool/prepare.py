@@ -125,11 +125,10 @@ def prepare_like_checkpoint(pool: BufferPool, path: str) -> threading.Thread:
     """
 
     def run() -> None:
-        with exit_guard.guarded(f"buffer sizing of {path}"):
-            nbytes = checkpoint_buffer_nbytes(path)
-            if nbytes:
-                pool.prepare_spares(nbytes, pinned=False)
+        nbytes = checkpoint_buffer_nbytes(path)
+        if nbytes:
+            pool.prepare_spares(nbytes, pinned=False)
 
-    thread = threading.Thread(target=run, name="actorsys buffer sizing", daemon=True)
-    thread.start()
-    return thread
+    return exit_guard.start_thread(
+        run, name="actorsys buffer sizing", description=f"buffer sizing of {path}"
+    )
