@@ -69,3 +69,25 @@ def test_chat_example_scores_the_same_in_the_trainer_and_in_watch(tmp_path: Path
     assert report["trainer"]["30"] == {"think": 1.0, "direct": 1.0}
     assert report["prompt"].startswith("<|bos|><|im_start|>system\n")
     assert report["close_clean"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_shared_fleet_example_scores_each_served_point_on_the_weights_synced_at_its_step(
+    tmp_path: Path,
+) -> None:
+    results = tmp_path / "results.json"
+    run = subprocess.run(
+        [sys.executable, str(EXAMPLES / "train_shared_fleet.py"), "--steps", "8",
+         "--eval-every", "4", "--workdir", str(tmp_path), "--results", str(results)],
+        capture_output=True, text=True, timeout=290,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    outcomes = {o["step"]: o for o in json.loads(results.read_text())["outcomes"]}
+    assert sorted(outcomes) == [4, 8]
+    for step, outcome in outcomes.items():
+        assert outcome["status"] == "ok", (outcome["reason"], outcome["data"])
+        assert outcome["snapshot"] is None and outcome["weight_version"] == str(step)
+    assert "rollouts answered meanwhile" in run.stdout
+    # nothing was exported: the staging dir holds the journal only
+    assert sorted(p.name for p in (tmp_path / "staging").iterdir()) == ["journal.jsonl"]
