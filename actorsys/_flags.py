@@ -3,8 +3,8 @@
 ``--eval-hf-dir``, ``--save-hf``, ``--eval-max-in-flight``, ``--eval-overflow-policy``,
 ``--eval-keep-snapshots``, ``--eval-interval`` and ``--skip-eval-before-train`` are miles' own
 flags; ``--eval-timeout``, ``--eval-pin-timeout``, ``--eval-close-timeout``, ``--eval-probe
-on|off``, ``--eval-best-metric``, ``--eval-best-mode``, ``--eval-keep-best`` and
-``--eval-resume`` are ours. A flag
+on|off``, ``--eval-best-metric``, ``--eval-best-mode``, ``--eval-keep-best``,
+``--eval-shared-update``, ``--eval-shared-update-timeout`` and ``--eval-resume`` are ours. A flag
 the trainer's parser already defines (miles defines ``--save-hf``) is left to it and read back
 from the namespace under its usual name, and miles' ``{rollout_id}`` in a ``--save-hf``
 pattern reads as ``{step}``.
@@ -109,6 +109,12 @@ FLAGS = (
          "evaluate at the steps that are a multiple of this"),
     Flag("--skip-eval-before-train", "skip_eval_before_train", bool, None,
          "do not evaluate step 0", switch=True),
+    Flag("--eval-shared-update", "shared_update", str, "POLICY",
+         "what the trainer's weight update of a shared fleet does to the served points before "
+         "it: wait (for them to settle, within --eval-shared-update-timeout) or preempt (cut "
+         "them at once)", choices=("wait", "preempt")),
+    Flag("--eval-shared-update-timeout", "shared_update_timeout", float, "SECONDS",
+         "seconds a shared fleet's weight update waits for the served points before it"),
     Flag("--eval-resume", "resume", bool, None,
          "after a crash, evaluate again the points the crashed run admitted and never settled "
          "whose snapshots are complete (from the journal in the staging dir, or beside the "

@@ -1,21 +1,22 @@
 """Shared mode: a trainer evaluates on its own rollout engine, without a copy, an export or a
 reload by actorsys, and without stopping its rollouts.
 
-    python examples/train_shared_fleet.py --steps 12 --eval-every 4
+    python examples/train_shared_fleet.py --steps 12 --eval-every 4 [--engine vllm]
 
 The trainer here does what an RL trainer's loop does: it trains, saves its weights every step
 and has its rollout engine (a real CPU engine process on loopback, ``python -m actorsys
-engine``) load them from disk with their version, while a rollout thread keeps sending
-completions to that engine. Each sync runs inside ``weight_update()``: that is the only place
-the trainer may wait, and only for the served points admitted before it, within
-``--eval-shared-update-timeout`` (``--eval-shared-update preempt`` cuts them instead). Every
-``K`` steps it calls ``submit(step, served=True)``: the evaluation (a ``DatasetEval`` on a
-local JSONL) runs on the weights the engine serves now, after actorsys read the engine's
-version back equal to the step's.
+engine``, or vLLM's CPU server with ``--engine vllm``) load them from disk with their version,
+while a rollout thread keeps sending completions to that engine. Each sync runs inside
+``weight_update()``: that is the only place the trainer may wait, and only for the served
+points admitted before it, within ``--eval-shared-update-timeout`` (``--eval-shared-update
+preempt`` cuts them instead). Every ``K`` steps it calls ``submit(step, served=True)``: the
+evaluation (a ``DatasetEval`` on a local JSONL) runs on the weights the engine serves now,
+after actorsys read the engine's version back equal to the step's.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -29,7 +30,8 @@ import trio
 
 from actorsys import EvalSupervisor, Fleet, MemorySink
 from actorsys.evals import DatasetEval, EvalDataset
-from actorsys.fleet.local import LocalFleet, embedded
+from actorsys.fleet.local import LocalFleet
+from actorsys.watch.fleets import engine_specs
 
 
 class Rollouts:
@@ -79,7 +81,11 @@ def save(model: torch.nn.Module, tokenizer: object, path: str) -> None:
 
 
 async def main(argv: list[str] | None = None) -> int:
-    args = tiny_lm.parse_training_args(__doc__.split("\n")[0], argv, steps=12, every=4)
+    engine_flag = argparse.ArgumentParser(add_help=False)
+    engine_flag.add_argument("--engine", choices=("embedded", "vllm"), default="embedded",
+                             help="the rollout engine: the CPU engine, or vLLM (needs .venv-vllm)")
+    known, rest = engine_flag.parse_known_args(argv if argv is not None else sys.argv[1:])
+    args = tiny_lm.parse_training_args(__doc__.split("\n")[0], rest, steps=12, every=4)
     transformers.utils.logging.disable_progress_bar()
     tokenizer, model_config, config = tiny_lm.set_up(args)
     workdir = os.path.dirname(str(config.base_checkpoint))
@@ -91,8 +97,9 @@ async def main(argv: list[str] | None = None) -> int:
     dataset = write_dataset(os.path.join(workdir, "next_word.jsonl"))
     sink = MemorySink()
 
-    async with LocalFleet.open([embedded(str(config.base_checkpoint))],
-                               log_dir=os.path.join(workdir, "logs")) as local:
+    specs = engine_specs(str(config.base_checkpoint), engines=1, flavor=known.engine)
+    async with LocalFleet.open(specs, log_dir=os.path.join(workdir, "logs"),
+                               startup_timeout=600) as local:
         (engine,) = [e.client for e in local.engines]
         with Rollouts(local.urls[0], local.api_key) as rollouts:
             async with EvalSupervisor.open(

@@ -14,9 +14,10 @@ from actorsys.outcome import Outcome
 from actorsys.watch.policy import Catchup
 
 WATCH_OWNED_FIELDS = ("hf_dir", "save_hf", "base_checkpoint", "max_in_flight", "overflow",
-                      "keep_snapshots", "resume")
-"""The :class:`EvalConfig` fields the watcher sets itself: it evaluates checkpoints in place,
-one per fleet at a time, never drops or deletes one, and resumes from its own ledger."""
+                      "keep_snapshots", "resume", "shared_update", "shared_update_timeout")
+"""The :class:`EvalConfig` fields the watcher sets itself or has no use for: it evaluates
+checkpoints in place, one per fleet at a time, never drops or deletes one, resumes from its
+own ledger, and never evaluates served weights (shared mode is a trainer's)."""
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,8 @@ def test_a_second_watch_on_the_same_out_is_one_line_naming_the_holders_pid(
 
 
 @pytest.mark.parametrize("flag", [["--eval-hf-dir", "/tmp/x"], ["--eval-max-in-flight", "4"],
-                                  ["--eval-keep-snapshots", "3"], ["--eval-resume"]])
+                                  ["--eval-keep-snapshots", "3"], ["--eval-resume"],
+                                  ["--eval-shared-update", "preempt"]])
 def test_an_eval_flag_watch_sets_itself_is_refused(
     tmp_path: Path, data: Path, flag: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
