@@ -42,16 +42,25 @@ STOP_LOG = "evaluation asks training to stop"
 
 
 class Scores(CheckpointEvalFn):
-    """Scores step N as ``scores(N)`` (``eval/acc``) without reading the snapshot."""
+    """Scores step N as ``scores(N)`` (``eval/acc``) without reading the snapshot; the steps in
+    ``held`` are scored only once ``release(step)`` is called (bounded), so that their points
+    cannot settle before the trainer reached the step that releases them."""
 
-    def __init__(self, scores: dict[int, float]) -> None:
+    def __init__(self, scores: dict[int, float], held: tuple[int, ...] = ()) -> None:
         self.scores = scores
+        self.released = {step: threading.Event() for step in held}
+
+    def release(self, step: int) -> None:
+        self.released[step].set()
 
     async def evaluate_checkpoint(
         self, checkpoint_dir: str, input: RolloutFnEvalInput
     ) -> RolloutFnEvalOutput:
+        step = int(input.rollout_id)
+        if step in self.released:
+            await trio.to_thread.run_sync(self.released[step].wait, 60)
         await trio.lowlevel.checkpoint()
-        return RolloutFnEvalOutput(data={}, metrics={"eval/acc": self.scores[int(input.rollout_id)]})
+        return RolloutFnEvalOutput(data={}, metrics={"eval/acc": self.scores[step]})
 
 
 class SettledSteps:
@@ -71,22 +80,25 @@ class SettledSteps:
 
 
 class HoldsStep(TrainerCallback):
-    """At the end of step ``at`` waits (bounded) until the point of step ``until`` settled."""
+    """At the end of step ``at`` (after the eval callback's own step end) lets the point of
+    step ``until`` be scored and waits (bounded) until it settled."""
 
-    def __init__(self, settled: SettledSteps, at: int, until: int) -> None:
-        self.settled, self.at, self.until = settled, at, until
+    def __init__(self, settled: SettledSteps, scores: Scores, at: int, until: int) -> None:
+        self.settled, self.scores, self.at, self.until = settled, scores, at, until
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if state.global_step == self.at:
+            self.scores.release(self.until)
             assert self.settled.event(self.until).wait(60), "the point never settled"
 
 
 class HoldsBatch(pl.Callback):
-    def __init__(self, settled: SettledSteps, at: int, until: int) -> None:
-        self.settled, self.at, self.until = settled, at, until
+    def __init__(self, settled: SettledSteps, scores: Scores, at: int, until: int) -> None:
+        self.settled, self.scores, self.at, self.until = settled, scores, at, until
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
         if trainer.global_step == self.at:
+            self.scores.release(self.until)
             assert self.settled.event(self.until).wait(60), "the point never settled"
 
 
@@ -103,12 +115,11 @@ def test_the_trainer_stops_at_the_step_after_the_threshold_point_settled(
     settled = SettledSteps()
     config = EvalConfig(hf_dir=tmp_path / "staging", base_checkpoint=tmp_path / "base",
                         eval_interval=5, stop_when={"eval/acc": 0.8})
-    callback = transformers_callback.EvalCallback(
-        config, eval_fn=Scores({5: 0.5, 10: 0.85, 15: 0.9}), sink=settled
-    )
+    scores = Scores({5: 0.5, 10: 0.85, 15: 0.9}, held=(10,))
+    callback = transformers_callback.EvalCallback(config, eval_fn=scores, sink=settled)
     trainer = Trainer(
         model=model, args=training_args(tmp_path, 100), train_dataset=token_rows(),
-        callbacks=[callback, HoldsStep(settled, at=11, until=10)],
+        callbacks=[callback, HoldsStep(settled, scores, at=11, until=10)],
     )
     trainer.train()
 
@@ -126,12 +137,11 @@ def test_a_lightning_run_stops_after_patience_points_without_improvement(
     settled = SettledSteps()
     config = EvalConfig(hf_dir=tmp_path / "staging", base_checkpoint=tmp_path / "base",
                         eval_interval=3, best_metric="eval/acc", patience=2)
-    callback = lightning_callback.EvalCallback(
-        config, eval_fn=Scores({3: 0.5, 6: 0.4, 9: 0.5, 12: 0.9}), sink=settled
-    )
+    scores = Scores({3: 0.5, 6: 0.4, 9: 0.5, 12: 0.9}, held=(9,))
+    callback = lightning_callback.EvalCallback(config, eval_fn=scores, sink=settled)
     run = pl.Trainer(
         max_steps=100, accelerator="cpu", devices=1, logger=RecordingLogger(),
-        callbacks=[callback, HoldsBatch(settled, at=10, until=9)], enable_checkpointing=False,
+        callbacks=[callback, HoldsBatch(settled, scores, at=10, until=9)], enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=5,
     )
     run.fit(LitLM(model), loader())
