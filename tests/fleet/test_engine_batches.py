@@ -140,7 +140,9 @@ def test_a_chat_request_of_large_n_without_max_tokens_is_bounded_and_shares_the_
     chat_engine: str,
 ) -> None:
     messages = [{"role": "user", "content": "count to a hundred"}]
-    big = {"messages": messages, "n": 32, "ignore_eos": True, "temperature": 1.0, "seed": 1}
+    # 32 batches of 4: well over the wait below and the small request's parse (the large
+    # request must still be generating when the small one arrives)
+    big = {"messages": messages, "n": 128, "ignore_eos": True, "temperature": 1.0, "seed": 1}
     small = {"messages": messages, "max_tokens": 1, "temperature": 0.0}
     with httpx.Client(base_url=chat_engine, timeout=240.0) as client, ThreadPoolExecutor(2) as pool:
 
@@ -159,8 +161,8 @@ def test_a_chat_request_of_large_n_without_max_tokens_is_bounded_and_shares_the_
         response, large_done = large.result()
     assert answered.status_code == 200 and response.status_code == 200, response.text
     body = response.json()
-    assert len(body["choices"]) == 32
-    assert body["usage"]["completion_tokens"] == 32 * GENERATION_MAX_TOKENS
+    assert len(body["choices"]) == 128
+    assert body["usage"]["completion_tokens"] == 128 * GENERATION_MAX_TOKENS
     assert all(choice["finish_reason"] == "length" for choice in body["choices"])
-    # the small request joined the next batch instead of waiting for all 32 sequences
+    # the small request joined the next batch instead of waiting for all 128 sequences
     assert small_done < large_done, (small_done - started, large_done - started)
