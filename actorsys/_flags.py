@@ -287,7 +287,18 @@ def require_seconds(
 
 def seconds(text: str) -> float:
     """An argparse ``type``: a finite number of seconds > 0, else a one-line error."""
+    return _parse_seconds(text, allow_zero=False)
+
+
+def seconds_or_zero(text: str) -> float:
+    """An argparse ``type``: a finite number of seconds >= 0, else a one-line error."""
+    return _parse_seconds(text, allow_zero=True)
+
+
+def _parse_seconds(text: str, *, allow_zero: bool) -> float:
     try:
-        return require_seconds("seconds", float(text))
+        return require_seconds("seconds", float(text), allow_zero=allow_zero)
     except ValueError:  # ConfigError is one
-        raise argparse.ArgumentTypeError(f"expected {_seconds()}, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected {_seconds(allow_zero=allow_zero)}, got {text!r}"
+        ) from None

@@ -38,6 +38,8 @@ def one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
         (["--max-batch", "0"], "--max-batch"),
         (["--threads", "-2"], "--threads"),
         (["--max-body-bytes", "0"], "--max-body-bytes"),
+        (["--priority-grace", "-0.1"], "--priority-grace"),
+        (["--priority-grace", "nan"], "--priority-grace"),
     ],
 )
 def test_engine_bad_numbers_are_one_line_exit_2(

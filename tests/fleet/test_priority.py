@@ -11,6 +11,7 @@ import h11
 import httpx
 import pytest
 import trio
+import trio.testing
 
 from actorsys import Fleet, SGLangEngine, VLLMEngine
 from actorsys._errors import ConfigError
@@ -21,6 +22,8 @@ from actorsys.fleet.clients.priority import (
     sglang_priority,
     vllm_priority,
 )
+from actorsys.fleet.embedded.batching import PRIORITY_GRACE, GenerationBatcher
+from actorsys.fleet.embedded.model import GenerationRequest, GenerationResult
 from tests.fleet.conftest import Recorder, TinyModels
 from tests.fleet.test_embedded import open_engine
 
@@ -226,3 +229,99 @@ async def test_a_bad_priority_is_refused_naming_the_field(
             assert response.status_code == 400
             assert "priority" in response.text
 
+
+
+# --- a rollout loop keeps its place beside an evaluation ---------------------------------
+
+ROLLOUT, EVAL = 1, 2
+
+
+BATCH_SECONDS = 0.1
+
+
+class BatchLog:
+    """A ModelHost stand-in: one token a sequence; ``batches`` holds each batch's sequences
+    by their first input id, and when it started (trio's clock)."""
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[float, list[int]]] = []
+
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        self.batches.append((trio.current_time(), [r.input_ids[0] for r in requests]))
+        return [GenerationResult([5], "length", "v") for _ in requests]
+
+
+class ClockedBatcher(GenerationBatcher):
+    """Generates on the trio thread, each batch taking ``BATCH_SECONDS`` of trio's clock (a
+    worker thread would let an autojump clock jump while it runs)."""
+
+    async def _run_model(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        results = self.host.generate(requests)
+        await trio.sleep(BATCH_SECONDS)
+        return results
+
+
+async def batched_beside_an_evaluation(
+    *, eval_priority: int, turnaround: float, grace: float = PRIORITY_GRACE
+) -> tuple[BatchLog, list[float]]:
+    """A rollout loop (8 sequences a request, ``turnaround`` seconds from each answer to its
+    next request) for 10 requests, beside an evaluation's 4 requests of 1 sequence always
+    queued at ``eval_priority``; the log, and when each rollout request was answered."""
+    host = BatchLog()
+    batcher = ClockedBatcher(host, max_batch=16, priority_grace=grace)  # type: ignore[arg-type]
+    answered: list[float] = []
+
+    async def evaluation() -> None:
+        while True:
+            await batcher.generate([GenerationRequest([EVAL], 1)], priority=eval_priority)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(batcher.run)
+        for _ in range(4):
+            nursery.start_soon(evaluation)
+        for _ in range(10):
+            await batcher.generate([GenerationRequest([ROLLOUT], 1)] * 8)
+            answered.append(trio.current_time())
+            await trio.sleep(turnaround)
+        nursery.cancel_scope.cancel()
+    return host, answered
+
+
+def rollout_batches(host: BatchLog) -> list[list[int]]:
+    """The batches up to the last one that held a rollout sequence."""
+    last = max(i for i, (_, batch) in enumerate(host.batches) if ROLLOUT in batch)
+    return [batch for _, batch in host.batches[: last + 1]]
+
+
+async def test_a_rollout_loop_turning_around_is_batched_with_the_evaluation_not_after_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    host, _ = await batched_beside_an_evaluation(eval_priority=1, turnaround=0.01)
+    batches = rollout_batches(host)
+    assert len(batches) == 10
+    assert all(batch.count(ROLLOUT) == 8 for batch in batches)
+    assert all(batch.count(EVAL) == 4 for batch in batches[1:]), batches  # it kept going too
+
+
+@pytest.mark.parametrize(
+    ("eval_priority", "grace"), [(0, PRIORITY_GRACE), (1, 0.0)], ids=["same-priority", "no-grace"]
+)
+async def test_without_a_larger_priority_or_a_grace_the_evaluation_batches_alone_between_rollouts(
+    autojump_clock: trio.testing.MockClock, eval_priority: int, grace: float
+) -> None:
+    host, _ = await batched_beside_an_evaluation(
+        eval_priority=eval_priority, turnaround=0.01, grace=grace
+    )
+    batches = rollout_batches(host)
+    assert sum(ROLLOUT not in batch for batch in batches) >= 9, batches
+
+
+async def test_the_evaluation_waits_no_longer_than_the_grace_for_a_rollout_loop_that_is_away(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    host, answered = await batched_beside_an_evaluation(eval_priority=1, turnaround=1.0)
+    alone = [(at, batch) for at, batch in host.batches if ROLLOUT not in batch]
+    assert alone, "the evaluation never ran while the rollout loop was away"
+    for at, _ in alone:
+        last_answer = max((t for t in answered if t <= at), default=0.0)
+        assert at - last_answer >= PRIORITY_GRACE - 1e-9, (at, last_answer)

@@ -1,10 +1,17 @@
 """The embedded engine's batching: requests that arrive together are generated in one batch on
 its :class:`ModelHost`, and a weight load waits for the running batch (no batch starts until the
-load is done), so every answer comes from one checkpoint. Queued requests are batched by their
-``priority`` (lower first, ties by arrival, as vLLM's ``--scheduling-policy priority`` and
-sglang's ``--schedule-low-priority-values-first`` order; a request without one is 0), so a
-trainer's rollouts queued behind an evaluation's requests of a larger priority are generated
-first. A batch holds at most ``max_batch`` sequences: a request of more (``n=256``, a list of
+load is done), so every answer comes from one checkpoint.
+
+Queued requests are batched by their ``priority`` (lower first, ties by arrival, as vLLM's
+``--scheduling-policy priority`` and sglang's ``--schedule-low-priority-values-first`` order; a
+request without one is 0), so a trainer's rollouts queued behind an evaluation's requests of a
+larger priority are generated first. A batch runs until its every sequence is done, so a
+rollout that came just after a batch of evaluation requests started would wait for all of it:
+where only work of a larger priority is queued and work of a smaller one was answered less
+than ``priority_grace`` ago (a trainer's rollout loop turning around), the batch waits out the
+rest of that grace for it to come back, and the two are batched together.
+
+A batch holds at most ``max_batch`` sequences: a request of more (``n=256``, a list of
 prompts) is generated in slices that fill the batches in turn, its remainder queued again
 after each slice, so the requests queued behind it are batched beside its slices instead of
 waiting for all of it; a weight load waits until every such request is whole, so its answers
@@ -42,12 +49,18 @@ class _Job:
     between them. ``taken``: how many of its sequences have gone into a batch."""
 
     requests: list[GenerationRequest]
+    priority: int = 0
     done: anyio.Event = field(default_factory=anyio.Event)
     results: list[GenerationResult | None] = field(default_factory=list)
     taken: int = 0
     finished: int = 0
     error: str | None = None
 
+
+PRIORITY_GRACE = 0.05
+"""Seconds a batch of only larger-priority work waits for the smaller-priority work answered
+just before it to come back: longer than a client takes from one answer to its next request on
+loopback (a few ms), short beside a batch (tens of ms a token)."""
 
 _Slice = tuple[_Job, int, int]
 """Sequences ``[start, stop)`` of a job, generated in one batch."""
@@ -61,9 +74,14 @@ class GenerationBatcher:
     ``run`` must be running (in a nursery) for generation to make progress.
     """
 
-    def __init__(self, host: ModelHost, *, max_batch: int = 16) -> None:
+    def __init__(
+        self, host: ModelHost, *, max_batch: int = 16, priority_grace: float = PRIORITY_GRACE
+    ) -> None:
         self.host = host
         self.max_batch = max_batch
+        self.priority_grace = priority_grace
+        # priority -> when a job of it was last answered (anyio's clock)
+        self._answered: dict[int, float] = {}
         self.lock = anyio.Lock()
         # Weight loads (their bodies and checks) wait on a limiter of their own: requests'
         # parsing and rendering can never keep a load from starting.
@@ -94,6 +112,8 @@ class GenerationBatcher:
                     return
                 await self._queued.wait()
                 self._queued = anyio.Event()
+            if await self._waited_for_returning_work():
+                continue  # the queue is read again
             # The batch is chosen, then waits for a load that holds the lock (it is then
             # generated from the new weights, all of it).
             batch = self._take_batch(only_partial=False)
@@ -103,6 +123,24 @@ class GenerationBatcher:
                     if not self._partial:
                         break
                     batch = self._take_batch(only_partial=bool(self._loads_waiting))
+
+    async def _waited_for_returning_work(self) -> bool:
+        """Where every queued job has a larger priority than a job answered less than
+        ``priority_grace`` ago, wait for the rest of that grace or until a job is queued, and
+        return True; else return False at once."""
+        now = anyio.current_time()
+        # one expression for "until when", so the wait's end and this test agree exactly
+        self._answered = {priority: at for priority, at in self._answered.items()
+                          if at + self.priority_grace > now}
+        head = self._queue[0][0]
+        until = [at + self.priority_grace for priority, at in self._answered.items()
+                 if priority < head]
+        if not until or self._closed:
+            return False
+        self._queued = anyio.Event()
+        with anyio.CancelScope(deadline=max(until)):
+            await self._queued.wait()
+        return True
 
     def _take_batch(self, *, only_partial: bool) -> list[_Slice]:
         """The next batch, taken off the queue in priority order: whole jobs while they fit,
@@ -145,7 +183,7 @@ class GenerationBatcher:
         on their own get the error."""
         requests = [request for job, start, stop in batch for request in job.requests[start:stop]]
         try:
-            results = await anyio.to_thread.run_sync(self.host.generate, requests)
+            results = await self._run_model(requests)
         except Exception as exc:
             if len(batch) > 1:
                 log.warning("a batch of %d requests failed (%r); generating them one by one",
@@ -165,7 +203,12 @@ class GenerationBatcher:
             offset += stop - start
             job.finished += stop - start
             if job.finished == len(job.requests) and job.error is None:
+                self._answered[job.priority] = anyio.current_time()
                 job.done.set()
+
+    async def _run_model(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """One batch on the model, in a worker thread."""
+        return await anyio.to_thread.run_sync(self.host.generate, requests)
 
     async def generate(
         self, requests: Sequence[GenerationRequest], *, priority: int = 0
@@ -177,7 +220,7 @@ class GenerationBatcher:
             raise anyio.ClosedResourceError
         if not requests:
             return []
-        job = _Job(list(requests), results=[None] * len(requests))
+        job = _Job(list(requests), priority, results=[None] * len(requests))
         heapq.heappush(self._queue, (priority, next(self._arrivals), job))
         self._queued.set()
         await job.done.wait()

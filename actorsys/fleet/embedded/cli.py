@@ -29,10 +29,11 @@ import torch
 from hypercorn.asyncio import serve
 from hypercorn.config import Config
 
-from actorsys._flags import EXIT_USAGE, int_at_least
+from actorsys._flags import EXIT_USAGE, int_at_least, seconds_or_zero
 from actorsys.fleet._proc.port import held_listener, inherited_listener
 from actorsys.fleet.checkpoint import CheckpointMismatchError
 from actorsys.fleet.embedded import API_KEY_ENV
+from actorsys.fleet.embedded.batching import PRIORITY_GRACE
 from actorsys.fleet.embedded.model import ModelHost
 from actorsys.fleet.embedded.server import MAX_BODY_BYTES, EmbeddedEngine
 
@@ -82,6 +83,12 @@ def add_engine_command(subparsers: argparse._SubParsersAction[argparse.ArgumentP
     parser.add_argument(
         "--max-batch", type=int_at_least(1), default=16,
         help="sequences generated together (default 16)",
+    )
+    parser.add_argument(
+        "--priority-grace", type=seconds_or_zero, default=PRIORITY_GRACE, metavar="SECONDS",
+        help="how long a batch of only larger-priority requests (an evaluation's) waits for "
+             "the smaller-priority work answered just before (a rollout loop's next request) "
+             f"to be batched with it (default {PRIORITY_GRACE:g}; 0: never)",
     )
     parser.add_argument(
         "--max-body-bytes", type=int_at_least(1), default=MAX_BODY_BYTES,
@@ -142,6 +149,7 @@ def run_engine(args: argparse.Namespace) -> int:
             args.model,
             sock,
             max_batch=args.max_batch,
+            priority_grace=args.priority_grace,
             require_complete=args.require_complete,
             served_model_name=args.served_model_name,
             api_key=api_key,
@@ -166,6 +174,7 @@ async def serve_engine(
     sock: socket.socket,
     *,
     max_batch: int = 16,
+    priority_grace: float = PRIORITY_GRACE,
     require_complete: bool = False,
     served_model_name: str | None = None,
     api_key: str | None = None,
@@ -193,6 +202,7 @@ async def serve_engine(
     engine = EmbeddedEngine(
         model_host,
         max_batch=max_batch,
+        priority_grace=priority_grace,
         require_complete=require_complete,
         served_model_name=served_model_name,
         api_key=api_key,

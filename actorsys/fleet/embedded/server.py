@@ -50,7 +50,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from actorsys.fleet.checkpoint import CheckpointMismatchError
-from actorsys.fleet.embedded.batching import GenerationBatcher, _GenerationFailed
+from actorsys.fleet.embedded.batching import PRIORITY_GRACE, GenerationBatcher, _GenerationFailed
 from actorsys.fleet.embedded.chat import ChatTemplates, chat_call, chat_response, openai_body
 from actorsys.fleet.embedded.logprobs import openai_logprobs
 from actorsys.fleet.embedded.model import (
@@ -93,13 +93,14 @@ class EmbeddedEngine(GenerationBatcher):
         host: ModelHost,
         *,
         max_batch: int = 16,
+        priority_grace: float = PRIORITY_GRACE,
         require_complete: bool = False,
         served_model_name: str | None = None,
         api_key: str | None = None,
         max_body_bytes: int = MAX_BODY_BYTES,
         parse_stuck_after: float = PARSE_STUCK_AFTER,
     ) -> None:
-        super().__init__(host, max_batch=max_batch)
+        super().__init__(host, max_batch=max_batch, priority_grace=priority_grace)
         self.require_complete = require_complete
         self.served_model_name = served_model_name or host.model_dir
         self.api_key = api_key
