@@ -24,7 +24,9 @@ from actorsys.fleet.pin.probe import (
     PROBE_TOKENS,
     PrefillAnswer,
     Reference,
+    WeightProbe,
     WeightsMismatchError,
+    asking,
     compute_reference,
     first_disagreement,
     prefill_disagreement,
@@ -283,3 +285,64 @@ def test_a_prefill_answer_fails_only_where_most_positions_differ_beyond_their_ma
     found = prefill_disagreement(reference, other_weights)
     assert found is not None and found[:2] == (0, 4) and found[2] == pytest.approx(4.0)
     assert prefill_disagreement(reference, PrefillAnswer([[-1.0, -2.0]])) is not None
+
+
+class CountingReadBacks(OtherWeightsEngine):
+    """Serves ``serves``'s weights honestly, counting its loads that ended and its version
+    read-backs."""
+
+    def __init__(self, name: str, serves: Path) -> None:
+        super().__init__(name, serves)
+        self.loaded = self.read_backs = 0
+
+    async def load_weights(self, path: str, version: str) -> None:
+        await super().load_weights(path, version)
+        self.loaded += 1
+
+    async def weight_version(self) -> str | None:
+        self.read_backs += 1
+        return await super().weight_version()
+
+
+async def test_the_reference_is_computed_only_once_every_engine_read_the_version_back(
+    tiny: TinyModels, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Beside the loads, the reference's forward pass would take the cores the engines load
+    # with; it overlaps the evaluation instead.
+    engines = [CountingReadBacks(name, serves=tiny.step1) for name in ("a", "b")]
+    seen: list[list[tuple[int, int]]] = []
+    compute = ReferenceWorker.compute
+
+    async def recording(self: ReferenceWorker, path: str, prompts: object = None) -> Reference:
+        seen.append([(engine.loaded, engine.read_backs) for engine in engines])
+        return await compute(self, path, prompts)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ReferenceWorker, "compute", recording)
+    fleet = Fleet(engines)
+    try:
+        with trio.fail_after(120):
+            await fleet.pin(str(tiny.step1), "1")
+    finally:
+        await fleet.aclose()
+    assert fleet.version == "1"
+    assert seen == [[(1, 1), (1, 1)]]
+
+
+async def test_the_probe_reads_a_config_again_only_for_another_path(
+    tiny: TinyModels, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reads: list[str] = []
+    read = asking.read_probe_prompts
+
+    def counted(path: str) -> list[list[int]]:
+        reads.append(path)
+        return read(path)
+
+    monkeypatch.setattr(asking, "read_probe_prompts", counted)
+    probe = WeightProbe()
+    paths = [str(p) for p in (tiny.base, tiny.base, tiny.step1, tiny.step1, tiny.base)]
+    async with trio.open_nursery() as nursery:
+        answers = [await probe.prompts_beside(nursery, path).wait() for path in paths]
+        assert await probe.prompts_beside(nursery, None).wait() is None
+    assert reads == [paths[0], paths[2], paths[4]]
+    assert all(answer == read(paths[0]) for answer in answers)

@@ -58,7 +58,6 @@ async def pin_engines(
     where they are until the verdict, which the point awaits before it settles."""
     verdict = PinVerdict(version)
     probed = weight_probe.probed(engines) if probe else []
-    prompts = await weight_probe.prompts(path) if probed else None
     reference: Reference | ReferenceFailedError | None = None
     asked: list[list[Answer | None] | PinError | None] = [None]
     failure: PinError | None = None
@@ -70,8 +69,10 @@ async def pin_engines(
 
     try:
         async with trio.open_nursery() as nursery:
-            if prompts is not None:
-                nursery.start_soon(compute, prompts)
+            # The prompts are read beside the load. The reference (a forward pass of the
+            # snapshot on this host's CPU) is computed only after the read-back: beside the
+            # load it would take the cores the engines load with, and delay the start.
+            pending = weight_probe.prompts_beside(nursery, path if probed else None)
             try:
                 await _load_and_read_back(engines, path, version, retries)
                 if router_url is not None:
@@ -80,8 +81,10 @@ async def pin_engines(
                 failure = exc
                 nursery.cancel_scope.cancel()
             else:
+                prompts = await pending.wait()
                 if prompts is not None:
                     nursery.start_soon(_ask, weight_probe, probed, prompts, asked)
+                    nursery.start_soon(compute, prompts)
                 pinned()
                 started = True
                 task_status.started(verdict)

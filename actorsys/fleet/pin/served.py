@@ -65,7 +65,7 @@ async def pin_served_engines(
             "compare its answers with", off=True,
         )
         probed = []
-    prompts = None
+    read_from = None
     if len(probed) >= 2:
         if prompts_from is None:
             weight_probe.note_once(
@@ -73,10 +73,9 @@ async def pin_served_engines(
                 "(set EvalConfig.base_checkpoint)"
             )
         else:
-            prompts = await weight_probe.prompts(prompts_from)
-    await on_all(engines, lambda engine: engine.health(), "failed its health check")
-    await _read_back_until(engines, version, deadline)
+            read_from = prompts_from
     asked: list[list[Answer | None] | PinError | None] = [None]
+    failure: PinError | None = None
     started = False
 
     async def ask(prompts: list[list[int]]) -> None:
@@ -87,16 +86,27 @@ async def pin_served_engines(
 
     try:
         async with trio.open_nursery() as nursery:
-            if prompts is not None:
-                nursery.start_soon(ask, prompts)
-            pinned()
-            started = True
-            task_status.started(verdict)
-            nursery.cancel_scope.deadline = deadline
+            pending = weight_probe.prompts_beside(nursery, read_from)  # beside the read-back
+            try:
+                await on_all(engines, lambda engine: engine.health(), "failed its health check")
+                await _read_back_until(engines, version, deadline)
+            except PinError as exc:
+                failure = exc
+                nursery.cancel_scope.cancel()
+            else:
+                prompts = await pending.wait()
+                if prompts is not None:
+                    nursery.start_soon(ask, prompts)
+                pinned()
+                started = True
+                task_status.started(verdict)
+                nursery.cancel_scope.deadline = deadline
     except BaseException:
         if started:
             verdict.settle(_cut_off(owner, version))
         raise
+    if failure is not None:
+        raise failure
     if nursery.cancel_scope.cancelled_caught:
         verdict.settle(_cut_off(owner, version))
     answers = asked[0]

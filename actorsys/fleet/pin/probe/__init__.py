@@ -31,10 +31,11 @@ The reference is computed out of the pinning process, by a reference worker
 (:mod:`actorsys.fleet.pin.reference`): the trainer's process never maps the snapshot, never runs
 its forward and never swaps transformers' process-wide state for it. The worker maps the
 snapshot's safetensors files and computes on the mapped pages. It runs one reference at a
-time, started with the engines' loads so that it overlaps them, and it is off the pin's
-critical path: the probe's prompts need only the snapshot's ``config.json``, so the engines
-answer them as soon as they read the version back, and the answers are judged against the
-reference when it is ready (see :meth:`actorsys.Fleet.pin_and_verify`). The evaluation does
+time, started once the engines read the version back (beside their loads it would take the
+cores they load with), so it overlaps the evaluation instead, off the pin's critical path: the
+probe's prompts need only the snapshot's ``config.json`` (read beside the loads), so the
+engines answer them as soon as they read the version back, and the answers are judged
+against the reference when it is ready (see :meth:`actorsys.Fleet.pin_and_verify`). The evaluation does
 not wait for either: it starts at the read-back, and its point settles only after the
 verdict. A reference that
 fails (the worker crashed or ran out of memory) leaves that pin checked by version only, says

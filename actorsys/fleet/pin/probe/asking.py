@@ -59,19 +59,43 @@ class PrefillEngine(Protocol):
         ...
 
 
+class PendingPrompts:
+    """Probe prompts being read (:meth:`WeightProbe.prompts_beside`)."""
+
+    def __init__(self) -> None:
+        self.read = trio.Event()
+        self._prompts: list[list[int]] | None = None
+
+    async def read_from(self, weight_probe: WeightProbe, path: str) -> None:
+        try:
+            self._prompts = await weight_probe.prompts(path)
+        finally:
+            self.read.set()
+
+    def ready(self, prompts: list[list[int]]) -> None:
+        self._prompts = prompts
+        self.read.set()
+
+    async def wait(self) -> list[list[int]] | None:
+        """The prompts once read; None where the snapshot has none (or none was asked)."""
+        await self.read.wait()
+        return self._prompts
+
+
 class WeightProbe:
     """The probe state of one fleet: the reasons already logged for checking only the
     version.
 
-    A pin uses it in three steps: :meth:`prompts` (before the loads), :meth:`reference` (in
-    a task of its own, while the engines load and answer) and :meth:`ask` (once they read
-    the version back), then :func:`judge` the answers against the reference.
+    A pin uses it in three steps: :meth:`prompts_beside` (a task beside the loads),
+    :meth:`ask` and :meth:`reference` (each a task of its own, once the engines read the
+    version back), then :func:`judge` the answers against the reference.
     """
 
     def __init__(self) -> None:
         self.tracker = ThreadTracker()
         self._files = trio.CapacityLimiter(1)
         self._logged: set[str] = set()
+        self._last_prompts: tuple[str, list[list[int]]] | None = None
 
     def note_once(self, reason: str, *, off: bool = True) -> None:
         if reason not in self._logged:
@@ -95,7 +119,7 @@ class WeightProbe:
         """The probe prompts of the snapshot at ``path`` (its ``config.json``, read in a worker
         thread); None, logged once, where it has none."""
         try:
-            return await run_blocking(
+            prompts = await run_blocking(
                 lambda: read_probe_prompts(path),
                 abandon_on_cancel=True,
                 limiter=self._files,
@@ -105,6 +129,21 @@ class WeightProbe:
         except ReferenceUnavailableError as exc:
             self.note_once(str(exc))
             return None
+        self._last_prompts = (path, prompts)
+        return prompts
+
+    def prompts_beside(self, nursery: trio.Nursery, path: str | None) -> PendingPrompts:
+        """:meth:`prompts` of ``path`` read in a task of ``nursery`` while the caller goes on;
+        ready at once for no ``path``, or for the path read last (a shared fleet's
+        ``base_checkpoint``, the same at every pin: its config is read once)."""
+        pending = PendingPrompts()
+        if path is None:
+            pending.read.set()
+        elif self._last_prompts is not None and self._last_prompts[0] == path:
+            pending.ready(self._last_prompts[1])
+        else:
+            nursery.start_soon(pending.read_from, self, path)
+        return pending
 
     async def reference(
         self, source: ReferenceSource, path: str, prompts: list[list[int]]
