@@ -34,13 +34,11 @@ import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
 
-import httpx
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -56,6 +54,7 @@ from actorsys import (  # noqa: E402
 )
 from actorsys.fleet.local import LocalFleet, embedded, vllm  # noqa: E402
 from actorsys.fleet.protocol import Engine  # noqa: E402
+from tests.fleet.rollouts import Rollouts  # noqa: E402
 from tests.models import make_model, make_snapshot  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,47 +105,6 @@ class Stamped(CheckpointEvalFn):
 
     def reset(self) -> None:
         self.running = trio.Event()
-
-
-class Rollouts:
-    """A trainer's rollouts from a thread: requests of ``batch`` prompts, one after another,
-    each ``tokens`` tokens (``ignore_eos``); the end time and token count of each."""
-
-    def __init__(self, url: str, key: str | None, batch: int, tokens: int) -> None:
-        self.url, self.key, self.batch, self.tokens = url, key, batch, tokens
-        self.done: list[tuple[float, int]] = []
-        self.failures: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> Rollouts:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(120)
-
-    def _run(self) -> None:
-        headers = {"Authorization": f"Bearer {self.key}"} if self.key else {}
-        body = {"prompt": [f"rollout {i}" for i in range(self.batch)], "max_tokens": self.tokens,
-                "temperature": 1.0, "ignore_eos": True}
-        with httpx.Client(timeout=600.0, headers=headers) as client:
-            while not self._stop.is_set():
-                try:
-                    response = client.post(f"{self.url}/v1/completions", json=body)
-                    response.raise_for_status()
-                    self.done.append((time.perf_counter(), self.batch * self.tokens))
-                except httpx.HTTPError as exc:
-                    self.failures.append(repr(exc))
-
-    def rate(self, start: float, end: float) -> float:
-        """Tokens/s between the first and the last request that ended within [start, end]."""
-        ended = [(t, n) for t, n in self.done if start <= t <= end]
-        if len(ended) < 2:
-            raise RuntimeError(f"fewer than two rollout requests ended in a {end - start:.1f} s "
-                               "window: lengthen --window")
-        return sum(n for _, n in ended[1:]) / (ended[-1][0] - ended[0][0])
 
 
 async def timed(call: Callable[[], Awaitable[object]]) -> float:
@@ -207,7 +165,10 @@ async def rollouts(engine: Engine, root: Path, args: argparse.Namespace) -> None
         sups = {name: await stack.enter_async_context(EvalSupervisor.open(
                     config, eval_fn=fns[name], fleet=fleets[name], sink=MemorySink()))
                 for name in fns}
-        with Rollouts(url, key, args.rollout_batch, args.tokens) as thread:
+        body = {"prompt": [f"rollout {i}" for i in range(args.rollout_batch)],
+                "max_tokens": args.tokens, "temperature": 1.0, "ignore_eos": True}
+        tokens = args.rollout_batch * args.tokens  # a request's
+        with Rollouts(url, key, body, timeout=600.0) as thread:
             await trio.sleep(args.window / 2)  # warm up
             step = 0
             for _ in range(args.reps):
@@ -220,7 +181,7 @@ async def rollouts(engine: Engine, root: Path, args: argparse.Namespace) -> None
                         await trio.sleep(0.5)  # the evaluation's requests reach the engine
                     start = time.perf_counter()
                     await trio.sleep(args.window)
-                    rates[name].append(thread.rate(start, time.perf_counter()))
+                    rates[name].append(tokens * thread.rate(start, time.perf_counter()))
                     if name != "alone":
                         fns[name].stop()
                         await sups[name].drain(timeout=300)

@@ -6,11 +6,9 @@ evaluations are scored on exactly the weights the trainer loaded. Wall-clock bou
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 import trio
 
@@ -26,6 +24,7 @@ from bridge import EvalBridge
 from tests.engine_process import engine_processes
 from tests.fleet.conftest import TinyModels
 from tests.fleet.pipeline import MAX_TOKENS, ServedGreedy
+from tests.fleet.rollouts import Rollouts
 from tests.models import PROMPTS, greedy, make_snapshot
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("fleet/test_shared_fleet")]
@@ -47,35 +46,7 @@ def engines(tiny: TinyModels) -> Iterator[Engines]:
         yield Engines(urls, key)
 
 
-class Rollouts:
-    """The trainer's rollouts: completions sent from a thread until stopped, each counted."""
-
-    def __init__(self, url: str, key: str) -> None:
-        self.url, self.key = url, key
-        self.done = 0
-        self.failures: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> Rollouts:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(60)
-
-    def _run(self) -> None:
-        headers = {"Authorization": f"Bearer {self.key}"}
-        with httpx.Client(timeout=60.0, headers=headers) as client:
-            while not self._stop.is_set():
-                body = {"prompt": "rollout", "max_tokens": 8, "temperature": 1.0}
-                try:
-                    response = client.post(f"{self.url}/v1/completions", json=body)
-                    response.raise_for_status()
-                    self.done += 1
-                except httpx.HTTPError as exc:
-                    self.failures.append(repr(exc))
+ROLLOUT = {"prompt": "rollout", "max_tokens": 8, "temperature": 1.0}
 
 
 def snapshots(tiny: TinyModels, root: Path, steps: list[int]) -> dict[int, Path]:
@@ -95,7 +66,7 @@ async def test_served_points_score_exactly_the_weights_the_trainer_loaded_while_
     saved = await trio.to_thread.run_sync(snapshots, tiny, tmp_path, [1, 2, 3])
     sink = MemorySink()
     config = EvalConfig(base_checkpoint=tiny.base, pin_timeout=60.0, eval_timeout=120.0)
-    with Rollouts(engines.urls[0], engines.key) as rollouts:
+    with Rollouts(engines.urls[0], engines.key, ROLLOUT) as rollouts:
         async with EvalSupervisor.open(
             config, eval_fn=ServedGreedy(), fleet=Fleet([engine], shared=True), sink=sink
         ) as sup:
@@ -106,7 +77,7 @@ async def test_served_points_score_exactly_the_weights_the_trainer_loaded_while_
             report = await sup.drain(timeout=300)
             waits = sup.statistics().weight_update_waits
     assert report.pending == []
-    assert not rollouts.failures and rollouts.done > 0
+    assert not rollouts.failures and rollouts.done
     assert waits >= 1  # an update waited for the point before it
     by_step = sink.by_step()
     for step, path in saved.items():
@@ -180,7 +151,7 @@ def test_the_sync_bridge_gates_updates_while_rollouts_go_on(
     sink = MemorySink()
     config = EvalConfig(base_checkpoint=tiny.base, pin_timeout=60.0, eval_timeout=120.0,
                         shared_update="preempt")
-    with Rollouts(engines.urls[0], engines.key) as rollouts, EvalBridge(
+    with Rollouts(engines.urls[0], engines.key, ROLLOUT) as rollouts, EvalBridge(
         config, eval_fn=ServedGreedy(), fleet=Fleet([engine], shared=True), sink=sink
     ) as ev:
         for step, path in saved.items():
@@ -188,7 +159,7 @@ def test_the_sync_bridge_gates_updates_while_rollouts_go_on(
                 trio.run(engine.load_weights, str(path), str(step))
             assert ev.submit(step, served=True)
         ev.drain(timeout=300)
-    assert not rollouts.failures and rollouts.done > 0
+    assert not rollouts.failures and rollouts.done
     outcomes = sink.by_step()
     # under "preempt" step 30 may be cut by the next update (preempted / superseded), never
     # scored on step 31's weights; the last point is always evaluated
