@@ -9,7 +9,7 @@ SIGABRT) after a clean close, and a job scheduler sees a crashed trainer. A hook
 with ``threading._register_atexit`` runs in ``threading._shutdown``, before finalization
 begins and while daemon threads still run, so there the work can still end normally.
 
-Work registers here for as long as it runs (:func:`guarded`), with a way to ask it to stop
+Work registers here for as long as it runs (:func:`guarded`, :func:`register`), with a way to ask it to stop
 where it has one (a flag it checks between chunks, a close with no budget). At exit the hook
 asks every registered piece of work to stop, then waits for all of it together, and for what
 registers meanwhile, for at most :data:`EXIT_WAIT_SECONDS`; a Ctrl-C during that wait ends
@@ -34,12 +34,20 @@ EXIT_WAIT_SECONDS = 10.0
 
 
 class Guarded:
-    """One piece of registered work: what it is, how to ask it to stop, whether it ended."""
+    """One piece of registered work: what it is, how to ask it to stop, whether it ended.
+    :func:`register` makes one; :meth:`end` takes it off the register."""
 
-    def __init__(self, description: str, stop: Callable[[], None] | None) -> None:
+    def __init__(self, description: str, stop: Callable[[], None] | None, key: int) -> None:
         self.description = description
         self.stop = stop
         self.ended = threading.Event()
+        self._key = key
+
+    def end(self) -> None:
+        """The work ended: the exit no longer waits for it. Idempotent; never blocks."""
+        with _lock:
+            _running.pop(self._key, None)
+        self.ended.set()
 
 
 _lock = threading.Lock()
@@ -47,23 +55,27 @@ _running: dict[int, Guarded] = {}
 _ids = itertools.count()
 
 
-@contextlib.contextmanager
-def guarded(description: str, *, stop: Callable[[], None] | None = None) -> Iterator[Guarded]:
-    """Register the work of this block until it ends (also by an exception).
+def register(description: str, *, stop: Callable[[], None] | None = None) -> Guarded:
+    """Register work that runs from now until :meth:`Guarded.end`.
 
     ``stop`` (called from the exiting thread, never blocking) asks the work to end soon;
     without it the exit can only wait. Never blocks.
     """
-    entry = Guarded(description, stop)
     with _lock:
-        key = next(_ids)
-        _running[key] = entry
+        entry = Guarded(description, stop, next(_ids))
+        _running[entry._key] = entry
+    return entry
+
+
+@contextlib.contextmanager
+def guarded(description: str, *, stop: Callable[[], None] | None = None) -> Iterator[Guarded]:
+    """Register the work of this block until it ends (also by an exception): :func:`register`
+    and :meth:`Guarded.end` around it."""
+    entry = register(description, stop=stop)
     try:
         yield entry
     finally:
-        with _lock:
-            del _running[key]
-        entry.ended.set()
+        entry.end()
 
 
 def start_thread(
@@ -73,20 +85,19 @@ def start_thread(
     """Start ``target`` in a daemon thread, registered from before it starts until it
     returns: an exit that begins between the start and the thread's first step still waits
     for it (a registration made inside the thread could come too late). Never blocks."""
-    registration = guarded(description, stop=stop)
-    registration.__enter__()
+    entry = register(description, stop=stop)
 
     def run() -> None:
         try:
             target()
         finally:
-            registration.__exit__(None, None, None)
+            entry.end()
 
     thread = threading.Thread(target=run, name=name, daemon=True)
     try:
         thread.start()
     except BaseException:
-        registration.__exit__(None, None, None)
+        entry.end()
         raise
     return thread
 
