@@ -11,7 +11,9 @@ while a rollout thread keeps sending completions to that engine. Each sync runs 
 points admitted before it, within ``--eval-shared-update-timeout`` (``--eval-shared-update
 preempt`` cuts them instead). Every ``K`` steps it calls ``submit(step, served=True)``: the
 evaluation (a ``DatasetEval`` on a local JSONL) runs on the weights the engine serves now,
-after actorsys read the engine's version back equal to the step's.
+after actorsys read the engine's version back equal to the step's. The fleet's
+``eval_priority=1`` queues the evaluation's requests behind the rollouts' (the CPU engine
+orders by priority; vLLM is started with ``--scheduling-policy priority``).
 """
 
 from __future__ import annotations
@@ -97,13 +99,14 @@ async def main(argv: list[str] | None = None) -> int:
     dataset = write_dataset(os.path.join(workdir, "next_word.jsonl"))
     sink = MemorySink()
 
-    specs = engine_specs(str(config.base_checkpoint), engines=1, flavor=known.engine)
+    specs = engine_specs(str(config.base_checkpoint), engines=1, flavor=known.engine,
+                         vllm_args=("--scheduling-policy", "priority"))
     async with LocalFleet.open(specs, log_dir=os.path.join(workdir, "logs"),
                                startup_timeout=600) as local:
         (engine,) = [e.client for e in local.engines]
         with Rollouts(local.urls[0], local.api_key) as rollouts:
             async with EvalSupervisor.open(
-                config, eval_fn=DatasetEval([dataset]), fleet=Fleet([engine], shared=True),
+                config, eval_fn=DatasetEval([dataset]), fleet=Fleet([engine], shared=True, eval_priority=1),
                 sink=sink,
             ) as sup:
                 for step in range(1, args.steps + 1):

@@ -32,12 +32,15 @@ def split(engines: Sequence[object], fleets: int) -> list[list[object]]:
     return [list(engines[index::fleets]) for index in range(fleets)]
 
 
-def engine_specs(model_dir: str, *, engines: int, flavor: str) -> list[EngineSpec]:
-    """``engines`` CPU engines serving ``model_dir``: vLLM's for ``flavor="vllm"``, the
-    embedded engine's otherwise."""
+def engine_specs(
+    model_dir: str, *, engines: int, flavor: str, vllm_args: Sequence[str] = ()
+) -> list[EngineSpec]:
+    """``engines`` CPU engines serving ``model_dir``: vLLM's for ``flavor="vllm"`` (given
+    ``vllm_args`` too), the embedded engine's otherwise."""
     if flavor == "vllm":
         length = model_length(model_dir)
-        return [vllm(model_dir, python=VLLM_PYTHON, max_model_len=length) for _ in range(engines)]
+        return [vllm(model_dir, python=VLLM_PYTHON, max_model_len=length, extra_args=vllm_args)
+                for _ in range(engines)]
     return [embedded(model_dir) for _ in range(engines)]
 
 
