@@ -60,14 +60,11 @@ One root, a flat set of precise meanings; each error carries its context as attr
     └── WeightsReleasedError    (also a RuntimeError; snapshot) captured weights were read
                                 after their release
 
-Every class of the tree is defined here, and importable from the modules that raise it.
-Signals that never reach a caller (a request the embedded engine refuses, a rank of a
-collective that stopped answering) are private to the modules that raise and catch them,
-outside this tree.
-
-Every error with a skip reason spells it ``reason``. Failures of an evaluation itself are
-never raised to the trainer: they settle the point as skipped with a reason (see
-:class:`actorsys.Outcome`).
+Every class of the tree is defined here, and importable from the modules that raise it;
+signals that never reach a caller (a request the embedded engine refuses, a collective's rank
+that stopped answering) are private to their modules, outside the tree. Every error with a
+skip reason spells it ``reason``; an evaluation's own failures are never raised to the
+trainer: they settle its point as skipped (see :class:`actorsys.Outcome`).
 """
 
 from __future__ import annotations
@@ -93,8 +90,8 @@ class ConfigTypeError(ConfigError, TypeError):
 
 class StagingInUseError(ConfigError):
     """The staging dir (``hf_dir``) belongs to another live supervisor, in this process or
-    another: one staging dir serves one job at a time. ``pid`` is the holder's process id
-    (None if it could not be read). Nothing of the holder's was touched."""
+    another (one job a staging dir); ``pid``: the holder's (None if unreadable). Nothing of
+    the holder's was touched."""
 
     def __init__(self, path: str, pid: int | None) -> None:
         holder = "another process" if pid is None else f"process {pid}"
@@ -108,10 +105,9 @@ class StagingInUseError(ConfigError):
 
 
 class UnsupportedModelError(ConfigError):
-    """``submit`` / ``prepare`` got a model whose weights actorsys cannot copy as they are
-    (FSDP1 flat parameters, DeepSpeed ZeRO-3 partitions, a quantized base, an adapter type
-    that cannot be merged). ``form`` names what was found; the message names what is
-    supported and the escape hatch, ``export=``. Raised before anything is admitted."""
+    """``submit`` / ``prepare`` got a model whose weights cannot be copied as they are (FSDP1
+    flat parameters, ZeRO-3 partitions, a quantized base, an adapter that cannot be merged):
+    ``form`` names it; the message, what is supported and ``export=``. Nothing is admitted."""
 
     def __init__(self, form: str, message: str) -> None:
         super().__init__("model", message)
@@ -131,9 +127,9 @@ class WatchOutInUseError(ConfigError):
 
 
 class UnsafePathError(ConfigError):
-    """A file actorsys writes (a lock, a ledger, a log, a metrics file) cannot be opened
-    safely: ``path`` is a symbolic link, not a regular file, another user's file, or lies in
-    a directory every user may write. Nothing was written through it."""
+    """A file actorsys writes (a lock, a ledger, a log, metrics) cannot be opened safely:
+    ``path`` is a link, not a regular file, another user's, or in a directory every user may
+    write. Nothing was written through it."""
 
     def __init__(self, path: str, problem: str) -> None:
         super().__init__(path, f"refused: {problem}")
@@ -159,10 +155,8 @@ class DatasetError(ConfigError):
 
 
 class SubmitError(ActorsysError, ValueError):
-    """A ``submit`` call was malformed (no source, two sources, a negative step...).
-
-    Raised before anything is admitted: the supervisor's state is unchanged.
-    """
+    """A ``submit`` call was malformed (no source, two sources, a negative step...); raised
+    before anything is admitted, so the supervisor's state is unchanged."""
 
     def __init__(self, step: object, message: str) -> None:
         super().__init__(f"submit(step={step!r}): {message}")
@@ -178,11 +172,9 @@ class SupervisorClosedError(ActorsysError):
 
 
 class SupervisorGaveUpError(ActorsysError):
-    """The supervisor stopped after too many actor crashes; it admits nothing more.
-
-    Points in flight when it stopped settled as ``crashed``. ``drain`` and ``aclose`` still
-    return their reports. The last crash is ``__cause__``.
-    """
+    """The supervisor stopped after too many actor crashes; it admits nothing more. Points in
+    flight settled as ``crashed``; ``drain`` and ``aclose`` still report; the last crash is
+    ``__cause__``."""
 
 
 class ChatTemplateMissingError(ConfigError):
@@ -229,9 +221,9 @@ class CompletionError(EvalSkip):
 
 
 class BadRequestError(CompletionError):
-    """The server refused the request itself (HTTP 4xx: a prompt too long for the model, a
-    value out of range, a wrong key): sending it again cannot help, so it is never retried,
-    and a point whose requests all failed so skips ``bad_request``, not ``unhealthy``."""
+    """The server refused the request itself (HTTP 4xx: a prompt too long, a value out of
+    range, a wrong key): never retried; a point whose requests all failed so skips
+    ``bad_request``, not ``unhealthy``."""
 
     reason = "bad_request"
 
@@ -264,16 +256,11 @@ class PinError(ActorsysError):
 class EngineUnhealthyError(PinError):
     """An engine failed its health check, refused the load, or could not report its version."""
 
-    reason = "unhealthy"
-
 
 class EngineUnauthorizedError(EngineUnhealthyError):
-    """A server refused our requests for want of the right API key (HTTP 401 or 403). It is
-    ``unhealthy`` with the server's message, and never waited on or retried: a key does not
-    become right by asking again, so no readiness wait (``ready_timeout``) or pin retry spends
-    its time on it."""
-
-    reason = "unhealthy"
+    """A server refused our requests for want of the right API key (HTTP 401 or 403):
+    ``unhealthy``, never waited on (``ready_timeout``) or retried, as a key does not become
+    right by asking again."""
 
 
 class PinViolationError(PinError):
@@ -293,14 +280,10 @@ class PinViolationError(PinError):
 
 class WeightsMismatchError(PinViolationError):
     """An engine reads back the right version but computes something the snapshot does not.
-
-    ``answer`` is the engine's greedy tokens for each probe prompt, ``reference`` the
-    snapshot's; ``prompt`` and ``position`` locate the first clear disagreement, ``gap`` is
-    how far (in log-probability) the snapshot puts the engine's token below its own choice
-    there, and ``margin`` what a near-tie may be. For an engine probed by prefill
-    (``prefill``), ``answer`` and ``reference`` are the log-probabilities of the fixed
-    continuation, and ``prompt``, ``position``, ``gap`` locate their widest difference.
-    """
+    ``answer``, ``reference``: the engine's and the snapshot's greedy tokens a probe prompt
+    (with ``prefill``, the log-probabilities of the fixed continuation); ``prompt``,
+    ``position``: the first clear disagreement (the widest difference); ``gap``: how far the
+    snapshot puts the engine's token below its own choice; ``margin``: a near-tie's bound."""
 
     def __init__(
         self,
@@ -346,10 +329,9 @@ class WeightsMismatchError(PinViolationError):
 
 
 class EnginesDisagreeError(PinViolationError):
-    """The engines of a shared fleet all read back ``expected`` but do not answer the probe
-    alike: ``dissenters`` answer as other weights do than the strict majority of the
-    engines, or (no strict majority) every engine is named. There is no snapshot to judge a
-    shared fleet by, so its engines are judged by each other."""
+    """The engines of a shared fleet (judged by each other, having no snapshot) all read back
+    ``expected`` but answer the probe unlike: ``dissenters`` answer as other weights do than
+    the strict majority, or, with no strict majority, every engine is named."""
 
     def __init__(self, version: str, dissenters: list[str], detail: str) -> None:
         super().__init__(
@@ -360,9 +342,8 @@ class EnginesDisagreeError(PinViolationError):
 
 
 class CheckpointRejectedError(PinError):
-    """An engine refused the checkpoint (or it was found unloadable before any engine was
-    asked): missing, incomplete, corrupt, or not the served architecture. The engines keep
-    serving the weights they had."""
+    """An engine refused the checkpoint, or it was found unloadable before any was asked
+    (missing, incomplete, corrupt, another architecture); the engines keep their weights."""
 
     reason = "ckpt_invalid"
 
@@ -372,16 +353,16 @@ class CheckpointRejectedError(PinError):
 
 
 class ProbeCancelledError(PinError):
-    """The pin's probe was cut off before its answers could be judged (the pin deadline ran
-    out while the snapshot's reference was computing, or the pin's owner stopped)."""
+    """The pin's probe was cut off before its answers were judged (the pin deadline, or the
+    pin's owner stopped)."""
 
     reason = "pin_timeout"
 
 
 class ReferenceFailedError(ActorsysError):
     """The snapshot's answer could not be computed this time (the reference worker crashed or
-    ran out of memory, or transformers failed on the snapshot). The pin reports it on its
-    verdict (``PinVerdict.unverified``), and the next pin asks again."""
+    ran out of memory, transformers failed): on the verdict (``PinVerdict.unverified``); the
+    next pin asks again."""
 
 
 class CheckpointMismatchError(ActorsysError, ValueError):
@@ -393,8 +374,8 @@ class CheckpointMismatchError(ActorsysError, ValueError):
 
 
 class FleetStartError(ActorsysError, RuntimeError):
-    """A process of a local fleet, or an engine of a Ray fleet, did not come up; the message
-    holds its log's tail."""
+    """A local fleet's process or a Ray fleet's engine did not come up; the message holds its
+    log's tail."""
 
 
 class ProbeUnsupportedError(ActorsysError):
@@ -402,8 +383,7 @@ class ProbeUnsupportedError(ActorsysError):
 
 
 class ReferenceUnavailableError(ActorsysError):
-    """The snapshot has no config to take the probe's prompts from (the pin then checks the
-    version only)."""
+    """The snapshot has no config for the probe's prompts (the pin checks the version only)."""
 
 
 class RemoteRewardError(ActorsysError):

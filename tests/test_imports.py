@@ -3,7 +3,7 @@ private of actorsys, no package of actorsys imports another's private modules, b
 examples/ import nothing private, no module imports one of a higher layer, the contracts import
 only contracts (and the shared leaves), the actors nothing of the core, and no two modules
 import each other, directly or through others, type-only imports (under ``TYPE_CHECKING``)
-counted."""
+counted; and no package or module grows past its size."""
 
 from __future__ import annotations
 
@@ -300,3 +300,22 @@ def test_the_eval_data_flags_are_on_the_config_whatever_was_imported_first() -> 
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["['d',", "'d.jsonl']", "math"]
+
+
+MOST_MODULES = 16
+MOST_LINES = 400
+
+
+def test_no_package_holds_over_16_modules_and_no_module_is_over_400_lines() -> None:
+    # A package is read as one concept, a module top to bottom: past these, split along a
+    # concept (see docs/architecture.md's layout).
+    crowded = {}
+    for package in PACKAGES:
+        for folder in [ROOT / package, *(p for p in (ROOT / package).rglob("*") if p.is_dir())]:
+            own = [p for p in folder.glob("*.py") if p.name != "__init__.py"]
+            if len(own) > MOST_MODULES:
+                crowded[str(folder.relative_to(ROOT))] = len(own)
+    long = {name: n for name, path in MODULES.items()
+            if (n := len(path.read_text(encoding="utf-8").splitlines())) > MOST_LINES}
+    assert not crowded, f"packages of more than {MOST_MODULES} modules: {crowded}"
+    assert not long, f"modules of more than {MOST_LINES} lines: {long}"
