@@ -25,7 +25,7 @@ from actorsys.fleet.pin.probe import (
     WeightProbe,
     judge,
 )
-from actorsys.fleet.pin.verdict import PinVerdict, ProbeCancelledError
+from actorsys.fleet.pin.verdict import PinVerdict, ProbeCancelledError, start_then_probe
 from actorsys.fleet.protocol import Engine
 
 __all__ = ["pin_engines", "read_back_wrong"]
@@ -60,43 +60,29 @@ async def pin_engines(
     probed = weight_probe.probed(engines) if probe else []
     reference: Reference | ReferenceFailedError | None = None
     asked: list[list[Answer | None] | PinError | None] = [None]
-    failure: PinError | None = None
-    started = False
 
     async def compute(prompts: list[list[int]]) -> None:
         nonlocal reference
         reference = await weight_probe.reference(references, path, prompts)
 
-    try:
-        async with trio.open_nursery() as nursery:
-            # The prompts are read beside the load. The reference (a forward pass of the
-            # snapshot on this host's CPU) is computed only after the read-back: beside the
-            # load it would take the cores the engines load with, and delay the start.
-            pending = weight_probe.prompts_beside(nursery, path if probed else None)
-            try:
-                await _load_and_read_back(engines, path, version, retries)
-                if router_url is not None:
-                    await _probe_router(router_url)
-            except PinError as exc:
-                failure = exc
-                nursery.cancel_scope.cancel()
-            else:
-                prompts = await pending.wait()
-                if prompts is not None:
-                    nursery.start_soon(_ask, weight_probe, probed, prompts, asked)
-                    nursery.start_soon(compute, prompts)
-                pinned()
-                started = True
-                task_status.started(verdict)
-                nursery.cancel_scope.deadline = deadline
-    except BaseException:
-        if started:
-            verdict.settle(_cut_off(owner, version))
-        raise
-    if failure is not None:
-        raise failure
-    if nursery.cancel_scope.cancelled_caught:
-        verdict.settle(_cut_off(owner, version))
+    async def stage(nursery: trio.Nursery) -> None:
+        # The prompts are read beside the load. The reference (a forward pass of the
+        # snapshot on this host's CPU) is computed only after the read-back: beside the
+        # load it would take the cores the engines load with, and delay the start.
+        pending = weight_probe.prompts_beside(nursery, path if probed else None)
+        await _load_and_read_back(engines, path, version, retries)
+        if router_url is not None:
+            await _probe_router(router_url)
+        prompts = await pending.wait()
+        if prompts is not None:
+            nursery.start_soon(_ask, weight_probe, probed, prompts, asked)
+            nursery.start_soon(compute, prompts)
+
+    if not await start_then_probe(
+        verdict, stage, cut_off=lambda: _cut_off(owner, version), pinned=pinned,
+        deadline=deadline, task_status=task_status,
+    ):
+        return
     answers = asked[0]
     if isinstance(answers, PinError):
         verdict.settle(answers)

@@ -22,7 +22,7 @@ from actorsys.fleet.on_all import PinError, PinViolationError, on_all
 from actorsys.fleet.pin.pinning import read_back_wrong
 from actorsys.fleet.pin.probe import Answer, WeightProbe
 from actorsys.fleet.pin.probe.agreement import disagreement
-from actorsys.fleet.pin.verdict import PinVerdict, ProbeCancelledError
+from actorsys.fleet.pin.verdict import PinVerdict, ProbeCancelledError, start_then_probe
 from actorsys.fleet.protocol import Engine
 
 __all__ = ["check_still_serving", "pin_served_engines"]
@@ -75,8 +75,6 @@ async def pin_served_engines(
         else:
             read_from = prompts_from
     asked: list[list[Answer | None] | PinError | None] = [None]
-    failure: PinError | None = None
-    started = False
 
     async def ask(prompts: list[list[int]]) -> None:
         try:
@@ -84,31 +82,19 @@ async def pin_served_engines(
         except PinError as exc:
             asked[0] = exc
 
-    try:
-        async with trio.open_nursery() as nursery:
-            pending = weight_probe.prompts_beside(nursery, read_from)  # beside the read-back
-            try:
-                await on_all(engines, lambda engine: engine.health(), "failed its health check")
-                await _read_back_until(engines, version, deadline)
-            except PinError as exc:
-                failure = exc
-                nursery.cancel_scope.cancel()
-            else:
-                prompts = await pending.wait()
-                if prompts is not None:
-                    nursery.start_soon(ask, prompts)
-                pinned()
-                started = True
-                task_status.started(verdict)
-                nursery.cancel_scope.deadline = deadline
-    except BaseException:
-        if started:
-            verdict.settle(_cut_off(owner, version))
-        raise
-    if failure is not None:
-        raise failure
-    if nursery.cancel_scope.cancelled_caught:
-        verdict.settle(_cut_off(owner, version))
+    async def stage(nursery: trio.Nursery) -> None:
+        pending = weight_probe.prompts_beside(nursery, read_from)  # beside the read-back
+        await on_all(engines, lambda engine: engine.health(), "failed its health check")
+        await _read_back_until(engines, version, deadline)
+        prompts = await pending.wait()
+        if prompts is not None:
+            nursery.start_soon(ask, prompts)
+
+    if not await start_then_probe(
+        verdict, stage, cut_off=lambda: _cut_off(owner, version), pinned=pinned,
+        deadline=deadline, task_status=task_status,
+    ):
+        return
     answers = asked[0]
     if isinstance(answers, PinError):
         verdict.settle(answers)

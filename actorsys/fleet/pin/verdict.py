@@ -1,19 +1,22 @@
 """The weight probe's verdict on one pin, delivered after the pin itself.
 
-A pin returns once every engine has read the version back and answered the probe: from then
-on an evaluation may run on the fleet. The snapshot's own answer (the reference,
-transformers in a worker thread) may still be computing; when it is ready the engines'
-answers are judged against it and the :class:`PinVerdict` settles. Whoever holds the pinned
-fleet awaits the verdict before trusting any score taken on it::
+A pin starts once every engine has read the version back: from then on an evaluation may run
+on the fleet. The probe's answers, and the snapshot's own answer (the reference) they are
+judged against, may still be on their way; once they are in, the :class:`PinVerdict`
+settles. Whoever holds the pinned fleet awaits the verdict before trusting any score taken on
+it::
 
     async with trio.open_nursery() as nursery:
         verdict = await nursery.start(fleet.pin_and_verify, path, version)
         scores = await evaluate(fleet)
     await verdict.wait()        # raises WeightsMismatchError: discard the scores
+
+:func:`start_then_probe` is the frame both pins (a fleet actorsys loads, a shared one) run in.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -78,3 +81,45 @@ class PinVerdict:
         if self.error is not None:
             raise self.error
 
+
+async def start_then_probe(
+    verdict: PinVerdict,
+    stage: Callable[[trio.Nursery], Awaitable[None]],
+    *,
+    cut_off: Callable[[], ProbeCancelledError],
+    pinned: Callable[[], None],
+    deadline: float,
+    task_status: trio.TaskStatus[PinVerdict],
+) -> bool:
+    """Run ``stage(nursery)``: what must hold before an evaluation may start (health, the
+    version read back), starting the probe's tasks in ``nursery`` as it ends. A
+    :class:`PinError` it raises is raised from here, before the start. Then call ``pinned``,
+    start with ``verdict``, and wait for the probe's tasks until ``deadline`` (trio time).
+
+    Returns True once they ended in time (the caller judges what they found), False where
+    the deadline cut them off (the verdict then settled with ``cut_off()``). Cancelled after
+    the start, it settles the verdict with ``cut_off()`` and re-raises."""
+    failure: PinError | None = None
+    started = False
+    try:
+        async with trio.open_nursery() as nursery:
+            try:
+                await stage(nursery)
+            except PinError as exc:
+                failure = exc
+                nursery.cancel_scope.cancel()
+            else:
+                pinned()
+                started = True
+                task_status.started(verdict)
+                nursery.cancel_scope.deadline = deadline
+    except BaseException:
+        if started:
+            verdict.settle(cut_off())
+        raise
+    if failure is not None:
+        raise failure
+    if nursery.cancel_scope.cancelled_caught:
+        verdict.settle(cut_off())
+        return False
+    return True
