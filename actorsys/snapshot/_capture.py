@@ -247,11 +247,20 @@ def _copy_into(
         with torch.no_grad(), ExitStack() as on_given:
             for stream in streams.values():
                 on_given.enter_context(torch.cuda.stream(stream))
+            on_cpu: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
             for name, source in entries.items():
-                on_cuda = source.device.type == "cuda"
-                if on_cuda and source.device not in streams:
+                if source.device.type != "cuda":
+                    on_cpu[0].append(targets[name])
+                    on_cpu[1].append(source)
+                    continue
+                if source.device not in streams:
                     streams[source.device] = torch.cuda.current_stream(source.device)
-                targets[name].copy_(source, non_blocking=on_cuda)
+                targets[name].copy_(source, non_blocking=True)
+            if on_cpu[0]:
+                # One call for every CPU tensor: it takes the GIL back once, not once a tensor
+                # (a copy in a worker thread beside a busy trio thread waited a switch
+                # interval for the GIL between tensors).
+                torch._foreach_copy_(*on_cpu)
     finally:
         # Also on error: no copy may still be landing in the buffer once it is given back.
         for stream in streams.values():
