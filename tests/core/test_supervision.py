@@ -55,7 +55,9 @@ async def test_crashed_actor_is_restarted_and_its_point_settles_crashed(
 async def test_supervisor_gives_up_past_max_restarts_then_submit_raises_and_reports_still_return(
     staging: Path, sink: MemorySink, autojump_clock: trio.testing.MockClock
 ) -> None:
-    config = EvalConfig(hf_dir=staging, max_restarts=3, restart_period=60)
+    # A period no clock jump can pass: a worker thread that does not hold the autojump clock
+    # lets it jump to the next deadline, which on a busy machine could end a 60 s window.
+    config = EvalConfig(hf_dir=staging, max_restarts=3, restart_period=1e9)
     async with EvalSupervisor.open(config, eval_fn=RecordingEval(), fleet=BuggyFleet(failures=99),
                                    sink=sink) as sup:
         for step in range(1, 5):
